@@ -1,0 +1,125 @@
+"""Exceptions raised by trainflow; every one carries enough to act on without a traceback."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class TrainflowError(Exception):
+    """Base class of every error trainflow raises on purpose."""
+
+
+@dataclass(frozen=True)
+class FieldIssue:
+    """One problem with one request field: where, what, and how to fix it."""
+
+    field: str
+    problem: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.field}: {self.problem}"
+        return f"{text} (fix: {self.fix})" if self.fix else text
+
+
+class InvalidRequest(TrainflowError, ValueError):
+    """The request cannot become a valid TrainJob; nothing was submitted or started."""
+
+    def __init__(self, issues: Sequence[FieldIssue]) -> None:
+        self.issues: tuple[FieldIssue, ...] = tuple(issues)
+        lines = [str(issue) for issue in self.issues]
+        super().__init__("invalid TrainJob request: " + "; ".join(lines))
+
+    @property
+    def fields(self) -> list[str]:
+        return [issue.field for issue in self.issues]
+
+    @classmethod
+    def one(cls, field: str, problem: str, fix: str = "") -> InvalidRequest:
+        return cls([FieldIssue(field, problem, fix)])
+
+
+class RuntimeNotFound(InvalidRequest):
+    """The runtime named by the request does not exist where the job would run."""
+
+    def __init__(self, name: str, kind: str, available: Sequence[str]) -> None:
+        choices = ", ".join(sorted(available)) or "none"
+        super().__init__(
+            [FieldIssue("runtime", f"{kind} {name!r} not found", f"use one of: {choices}")]
+        )
+        self.runtime_name = name
+
+
+class TrainJobNotFound(TrainflowError, LookupError):
+    """The TrainJob does not exist (never created, or deleted)."""
+
+    def __init__(self, namespace: str, name: str) -> None:
+        super().__init__(f"TrainJob {namespace}/{name} not found")
+        self.namespace = namespace
+        self.name = name
+
+
+class TrainJobConflict(TrainflowError):
+    """A TrainJob with the wanted name exists but belongs to someone else."""
+
+
+class BackendError(TrainflowError):
+    """The backend (API server, local engine) could not do what was asked."""
+
+
+class WaitTimeout(TrainflowError, TimeoutError):
+    """The deadline passed before the TrainJob reached a terminal state; the job was left as it is."""
+
+    def __init__(self, namespace: str, name: str, state: str, timeout: float) -> None:
+        super().__init__(
+            f"TrainJob {namespace}/{name} still {state} after {timeout:.0f}s; it was not cancelled"
+        )
+        self.namespace = namespace
+        self.name = name
+        self.state = state
+
+
+@dataclass
+class Diagnostics:
+    """What the backend found out about why a job failed (pods, events, exit codes, log tails)."""
+
+    pod_problems: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    failed_ranks: list[dict[str, Any]] = field(default_factory=list)
+    log_tail: str = ""
+
+    def lines(self) -> list[str]:
+        out = [*self.pod_problems, *self.events]
+        for rank in self.failed_ranks:
+            out.append(", ".join(f"{k}={v}" for k, v in rank.items() if k != "log_tail"))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pod_problems": list(self.pod_problems),
+            "events": list(self.events),
+            "failed_ranks": [dict(r) for r in self.failed_ranks],
+            "log_tail": self.log_tail,
+        }
+
+
+class TrainJobFailed(TrainflowError):
+    """The TrainJob ended Failed; carries the condition's reason and message and diagnostics."""
+
+    def __init__(self, result: Any, diagnostics: Diagnostics | None = None) -> None:
+        self.result = result
+        self.diagnostics = diagnostics or Diagnostics()
+        parts = [f"TrainJob {result.namespace}/{result.name} failed"]
+        if result.reason:
+            parts.append(f"reason={result.reason}")
+        if result.message:
+            parts.append(f"message={result.message}")
+        text = ": ".join([parts[0], ", ".join(parts[1:])]) if len(parts) > 1 else parts[0]
+        details = self.diagnostics.lines()
+        if details:
+            text += "\n  " + "\n  ".join(details)
+        if self.diagnostics.log_tail:
+            text += "\n--- log tail ---\n" + self.diagnostics.log_tail
+        super().__init__(text)

@@ -1,0 +1,221 @@
+"""build_trainjob: a validated request plus its runtime become the TrainJob manifest (a plain dict)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainflow.core.function_trainer import function_command
+from trainflow.core.naming import (
+    ATTEMPT_LABEL,
+    KEY_LABEL,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    PATCH_MANAGER,
+    derive_name,
+    key_label,
+    random_name,
+)
+from trainflow.core.request import TrainJobRequest
+from trainflow.core.result import OUTPUT_URI_ANNOTATION
+from trainflow.core.runtimes import API_VERSION, GROUP, TRAINER_CONTAINER, Runtime
+from trainflow.core.validation import OUTPUT_ENV, max_name_length, parse_request, validate_request
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def job_name(request: TrainJobRequest, runtime: Runtime, attempt: int = 1) -> str:
+    """The TrainJob name: given, derived from the idempotency key (stable), or random."""
+    if request.name:
+        return request.name
+    if request.idempotency_key:
+        nodes = request.num_nodes or runtime.default_num_nodes
+        return derive_name(request.idempotency_key, attempt, min(40, max_name_length(runtime, nodes)))
+    return random_name()
+
+
+def identity_labels(request: TrainJobRequest, attempt: int = 1) -> dict[str, str]:
+    """Labels that let any process find the TrainJobs made for one request identity."""
+    labels = {MANAGED_BY_LABEL: MANAGED_BY_VALUE}
+    if request.idempotency_key:
+        labels[KEY_LABEL] = key_label(request.idempotency_key)
+        labels[ATTEMPT_LABEL] = str(attempt)
+    return labels
+
+
+def _quantities(request: TrainJobRequest) -> dict[str, Any] | None:
+    res = request.resources
+    if res is None:
+        return None
+    requests = {k: str(v) for k, v in (res.requests or {}).items()}
+    limits = {k: str(v) for k, v in (res.limits or {}).items()}
+    shorthand: dict[str, str] = {}
+    if res.cpu is not None:
+        shorthand["cpu"] = str(res.cpu)
+    if res.memory is not None:
+        shorthand["memory"] = res.memory
+    for key, value in shorthand.items():
+        requests.setdefault(key, value)
+        limits.setdefault(key, value)
+    if res.gpu:
+        limits.setdefault(res.gpu_resource, str(res.gpu))
+        requests.setdefault(res.gpu_resource, str(res.gpu))
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    if res.claims:
+        out["claims"] = [dict(c) for c in res.claims]
+    return out or None
+
+
+def _trainer(request: TrainJobRequest, runtime: Runtime) -> dict[str, Any]:
+    trainer: dict[str, Any] = {}
+    if request.image:
+        trainer["image"] = request.image
+    if request.function is not None:
+        trainer["command"] = function_command(request.function, request.function_kwargs, runtime.policy)
+    elif request.command is not None:
+        trainer["command"] = list(request.command)
+    if request.args is not None:
+        trainer["args"] = list(request.args)
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in request.env.items()]
+    env += [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        for k, ref in request.secret_env.items()
+    ]
+    if request.output_uri:
+        env.append({"name": OUTPUT_ENV, "value": request.output_uri})
+    if env:
+        trainer["env"] = env
+    if request.num_nodes is not None:
+        trainer["numNodes"] = request.num_nodes
+    if isinstance(request.proc_per_node, int):
+        trainer["numProcPerNode"] = request.proc_per_node
+    resources = _quantities(request)
+    if resources:
+        trainer["resourcesPerNode"] = resources
+    return trainer
+
+
+def _initializer(request: TrainJobRequest) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, uri, secret in (
+        ("dataset", request.dataset_uri, request.dataset_secret),
+        ("model", request.model_uri, request.model_secret),
+    ):
+        if uri:
+            out[key] = {"storageUri": uri}
+            if secret:
+                out[key]["secretRef"] = {"name": secret}
+    return out
+
+
+def _pod_patch(request: TrainJobRequest, runtime: Runtime, job: str, labels: dict[str, str]) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if request.service_account:
+        spec["serviceAccountName"] = request.service_account
+    if request.node_selector:
+        spec["nodeSelector"] = dict(request.node_selector)
+    if request.tolerations:
+        spec["tolerations"] = [dict(t) for t in request.tolerations]
+    if request.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": s} for s in request.image_pull_secrets]
+    if request.volumes and TRAINER_CONTAINER in runtime.container_names(job):
+        spec["volumes"] = [
+            {"name": v.name or f"pvc-{i}", "persistentVolumeClaim": {"claimName": v.claim_name, "readOnly": v.read_only}}
+            for i, v in enumerate(request.volumes)
+        ]
+        mounts = []
+        for i, v in enumerate(request.volumes):
+            mount: dict[str, Any] = {"name": v.name or f"pvc-{i}", "mountPath": v.mount_path}
+            if v.read_only:
+                mount["readOnly"] = True
+            if v.sub_path:
+                mount["subPath"] = v.sub_path
+            mounts.append(mount)
+        spec["containers"] = [{"name": TRAINER_CONTAINER, "volumeMounts": mounts}]
+    template: dict[str, Any] = {}
+    meta = _meta(labels, request.annotations)
+    if meta:
+        template["metadata"] = meta
+    if spec:
+        template["spec"] = spec
+    return template
+
+
+def _meta(labels: dict[str, str], annotations: dict[str, str]) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    if labels:
+        meta["labels"] = dict(labels)
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta
+
+
+def _runtime_patch(request: TrainJobRequest, runtime: Runtime, labels: dict[str, str]) -> dict[str, Any] | None:
+    jobs = []
+    for job in runtime.replicated_job_names:
+        pod = _pod_patch(request, runtime, job, labels)
+        if pod:
+            jobs.append({"name": job, "template": {"spec": {"template": pod}}})
+    template: dict[str, Any] = {}
+    meta = _meta(labels, request.annotations)
+    if meta:
+        template["metadata"] = meta
+    if jobs:
+        template["spec"] = {"replicatedJobs": jobs}
+    if not template:
+        return None
+    return {"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": template}}
+
+
+def build_trainjob(
+    request: TrainJobRequest | dict[str, Any],
+    runtime: Runtime,
+    *,
+    namespace: str | None = None,
+    attempt: int = 1,
+) -> dict[str, Any]:
+    """Validate the request against the runtime and return the TrainJob manifest, ready for the API.
+
+    Raises InvalidRequest naming each bad field; nothing is submitted here.
+    """
+    req = parse_request(request)
+    validate_request(req, runtime)
+    labels = {**req.labels, **identity_labels(req, attempt)}
+    metadata: dict[str, Any] = {"name": job_name(req, runtime, attempt)}
+    ns = req.namespace or namespace
+    if ns:
+        metadata["namespace"] = ns
+    job_labels = dict(labels)
+    if req.queue:
+        job_labels[QUEUE_LABEL] = req.queue
+    metadata["labels"] = job_labels
+    annotations = dict(req.annotations)
+    if req.output_uri:
+        annotations[OUTPUT_URI_ANNOTATION] = req.output_uri
+    if annotations:
+        metadata["annotations"] = annotations
+
+    spec: dict[str, Any] = {
+        "runtimeRef": {"name": runtime.name, "apiGroup": GROUP, "kind": runtime.kind},
+    }
+    trainer = _trainer(req, runtime)
+    if trainer:
+        spec["trainer"] = trainer
+    initializer = _initializer(req)
+    if initializer:
+        spec["initializer"] = initializer
+    patches = []
+    own = _runtime_patch(req, runtime, labels)
+    if own:
+        patches.append(own)
+    patches += [dict(p) for p in req.runtime_patches]
+    if patches:
+        spec["runtimePatches"] = patches
+    if req.suspend:
+        spec["suspend"] = True
+    if req.deadline_seconds is not None:
+        spec["activeDeadlineSeconds"] = req.deadline_seconds
+    return {"apiVersion": API_VERSION, "kind": "TrainJob", "metadata": metadata, "spec": spec}

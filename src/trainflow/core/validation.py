@@ -1,0 +1,335 @@
+"""Offline checks of a request against the TrainJob CRD, the Trainer webhooks and the chosen runtime.
+
+Each check names the request field and the fix, so bad input fails before anything is submitted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from trainflow.core.errors import FieldIssue, InvalidRequest
+from trainflow.core.naming import DNS_SUBDOMAIN, LABEL_VALUE_PATTERN, NAME_PATTERN, PATCH_MANAGER, label_key_problem
+from trainflow.core.request import TrainJobRequest
+from trainflow.core.runtimes import Runtime
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+MAX_LIST = 128
+MAX_ARG_CHARS = 1_048_576
+STORAGE_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://.+$")
+DATASET_SCHEMES = ("hf", "s3", "cache")
+MODEL_SCHEMES = ("hf", "s3")
+ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+DNS_LABEL = NAME_PATTERN
+NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+QUANTITY = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
+RESOURCE_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+TOLERATION_OPERATORS = {"Exists", "Equal"}
+TOLERATION_EFFECTS = {"", "NoSchedule", "PreferNoSchedule", "NoExecute"}
+OUTPUT_ENV = "TRAINFLOW_OUTPUT_URI"
+ENV_OWNED_CONTAINERS = {"node", "dataset-initializer", "model-initializer"}
+_CREDENTIAL_NAME = re.compile(
+    r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIALS?)(_|$)", re.IGNORECASE
+)
+
+
+def parse_request(data: Mapping[str, Any] | TrainJobRequest) -> TrainJobRequest:
+    """Build a request from plain data; type errors become InvalidRequest naming each field."""
+    if isinstance(data, TrainJobRequest):
+        return data
+    try:
+        return TrainJobRequest.model_validate(dict(data))
+    except ValidationError as exc:
+        issues = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "request"
+            fix = "remove it (unknown field)" if err["type"] == "extra_forbidden" else ""
+            issues.append(FieldIssue(loc, err["msg"], fix))
+        raise InvalidRequest(issues) from None
+
+
+def looks_like_credential(name: str) -> bool:
+    return bool(_CREDENTIAL_NAME.search(name))
+
+
+def max_name_length(runtime: Runtime, num_nodes: int) -> int:
+    """Longest TrainJob name whose pod hostnames (<job>-<rjob>-<i>-<j>) stay within 63 characters."""
+    digits = len(str(max(num_nodes - 1, 0)))
+    longest = max((len(n) for n in runtime.replicated_job_names), default=4)
+    return min(63, 63 - (1 + longest + 1 + 1 + 1 + digits))
+
+
+class _Checker:
+    def __init__(self) -> None:
+        self.issues: list[FieldIssue] = []
+
+    def add(self, field: str, problem: str, fix: str = "") -> None:
+        self.issues.append(FieldIssue(field, problem, fix))
+
+    def label_map(self, field: str, values: Mapping[str, str], *, check_values: bool) -> None:
+        for key, value in values.items():
+            problem = label_key_problem(key)
+            if problem:
+                self.add(f"{field}.{key}", f"invalid key: {problem}", "use a valid Kubernetes label key")
+            if check_values and (len(value) > 63 or not LABEL_VALUE_PATTERN.match(value)):
+                self.add(
+                    f"{field}.{key}",
+                    f"invalid value {value[:80]!r}",
+                    "at most 63 characters [A-Za-z0-9-_.], starting and ending alphanumeric",
+                )
+
+    def dns_subdomain(self, field: str, value: str | None) -> None:
+        if value is not None and (len(value) > 253 or not DNS_SUBDOMAIN.match(value)):
+            self.add(field, f"{value[:80]!r} is not a valid Kubernetes object name", "lowercase a-z, 0-9, '-', '.'")
+
+    def int_range(self, field: str, value: int | None, low: int, high: int) -> None:
+        if value is not None and not low <= value <= high:
+            self.add(field, f"{value} is out of range", f"use a whole number from {low} to {high}")
+
+
+def _check_trainer(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
+    if req.image is not None and (not req.image.strip() or len(req.image) > 500):
+        c.add("image", "must be a non-empty image reference of at most 500 characters")
+    for field in ("command", "args"):
+        argv = getattr(req, field)
+        if argv is None:
+            continue
+        if len(argv) > MAX_LIST:
+            c.add(field, f"{len(argv)} items; the TrainJob allows at most {MAX_LIST}", "pass a script file instead")
+        for i, arg in enumerate(argv):
+            if len(arg) > MAX_ARG_CHARS:
+                c.add(f"{field}[{i}]", f"{len(arg)} characters; at most {MAX_ARG_CHARS}")
+    if req.command is not None and not req.command:
+        c.add("command", "is empty", "omit it to use the runtime's command, or give argv")
+    if req.function is not None and isinstance(req.function, str):
+        from trainflow.core.function_trainer import FUNCTION_REF
+
+        if not FUNCTION_REF.match(req.function):
+            c.add("function", f"{req.function!r} is not 'module:function'", "e.g. 'mypkg.train:main'")
+    if req.function is None and req.command is None and not runtime.trainer_container().get("command"):
+        if not runtime.is_torchtune and req.args is None:
+            c.add(
+                "command",
+                f"runtime {runtime.name!r} has no default command",
+                "give 'command' (argv) or 'function'",
+            )
+    if runtime.is_torchtune:
+        if req.function is not None:
+            c.add("function", "TorchTune runtimes run a 'tune run' recipe, not a function", "use args overrides")
+        if req.command and list(req.command[:2]) != ["tune", "run"]:
+            c.add(
+                "command",
+                "TorchTune runtimes expect the 'tune run' command",
+                "omit 'command' and pass recipe overrides as 'args' (key=value)",
+            )
+        for i, arg in enumerate(req.args or []):
+            if "=" not in arg and not arg.startswith("-"):
+                c.add(f"args[{i}]", f"{arg!r} is not a TorchTune override", "use key=value, e.g. epochs=1")
+
+    c.int_range("num_nodes", req.num_nodes, 1, INT32_MAX)
+    ppn = req.proc_per_node
+    if isinstance(ppn, int):
+        c.int_range("proc_per_node", ppn, 1, INT32_MAX)
+    if runtime.policy == "mpi" and ppn == "auto":
+        c.add("proc_per_node", "MPI runtimes need a number of slots per node", "give an integer >= 1")
+    if runtime.policy == "xgboost" and ppn is not None:
+        c.add("proc_per_node", "XGBoost runtimes run one worker per GPU (or per node)", "remove proc_per_node")
+
+
+def _check_resources(c: _Checker, req: TrainJobRequest) -> None:
+    res = req.resources
+    if res is None:
+        return
+    if res.cpu is not None and not QUANTITY.match(str(res.cpu)):
+        c.add("resources.cpu", f"{res.cpu!r} is not a quantity", "e.g. 2, 500m")
+    if res.memory is not None and not QUANTITY.match(res.memory):
+        c.add("resources.memory", f"{res.memory!r} is not a quantity", "e.g. 4Gi, 512Mi")
+    if not RESOURCE_NAME.match(res.gpu_resource):
+        c.add("resources.gpu_resource", f"{res.gpu_resource!r} is not a resource name", "e.g. nvidia.com/gpu")
+    for part in ("requests", "limits"):
+        for name, value in (getattr(res, part) or {}).items():
+            if not RESOURCE_NAME.match(name):
+                c.add(f"resources.{part}.{name}", "is not a resource name")
+            if not QUANTITY.match(str(value)):
+                c.add(f"resources.{part}.{name}", f"{value!r} is not a quantity", "e.g. 2, 500m, 4Gi")
+
+
+def _check_env(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
+    exact, prefixes = runtime.reserved_env()
+    total = len(req.env) + len(req.secret_env) + (1 if req.output_uri else 0)
+    if total > MAX_LIST:
+        c.add("env", f"{total} variables; the TrainJob allows at most {MAX_LIST}")
+    for field, names in (("env", list(req.env)), ("secret_env", list(req.secret_env))):
+        for name in names:
+            if not ENV_NAME.match(name):
+                c.add(f"{field}.{name}", "is not a valid environment variable name", "use [A-Za-z_][A-Za-z0-9_]*")
+            if name in exact or name.startswith(prefixes):
+                c.add(
+                    f"{field}.{name}",
+                    f"is set by the Trainer for {runtime.policy} runtimes",
+                    "remove it; use num_nodes / proc_per_node instead",
+                )
+            if name == OUTPUT_ENV:
+                c.add(f"{field}.{name}", "is set by trainflow from output_uri", "set output_uri instead")
+    for name in set(req.env) & set(req.secret_env):
+        c.add(f"env.{name}", "is also in secret_env", "keep it in one of them")
+    if not req.allow_plain_credentials:
+        for name in req.env:
+            if looks_like_credential(name):
+                c.add(
+                    f"env.{name}",
+                    "looks like a credential given as a plain value",
+                    f"use secret_env {{'{name}': 'secret-name/key'}}, or set allow_plain_credentials",
+                )
+    for name, ref in req.secret_env.items():
+        c.dns_subdomain(f"secret_env.{name}.name", ref.name)
+        if not SECRET_KEY.match(ref.key) or len(ref.key) > 253:
+            c.add(f"secret_env.{name}.key", f"{ref.key!r} is not a valid Secret key", "use [-._a-zA-Z0-9]+")
+
+
+def _check_initializers(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
+    for field, uri, schemes, present, step in (
+        ("dataset_uri", req.dataset_uri, DATASET_SCHEMES, runtime.has_dataset_initializer, "dataset-initializer"),
+        ("model_uri", req.model_uri, MODEL_SCHEMES, runtime.has_model_initializer, "model-initializer"),
+    ):
+        if uri is None:
+            continue
+        if len(uri) > 2048 or not STORAGE_URI.match(uri):
+            c.add(field, f"{uri[:80]!r} is not a storage URI", f"use scheme://path with one of {schemes}")
+        elif uri.split("://", 1)[0].lower() not in schemes:
+            c.add(field, f"scheme of {uri[:80]!r} is not supported", f"use one of: {', '.join(s + '://' for s in schemes)}")
+        if not present:
+            c.add(field, f"runtime {runtime.name!r} has no {step} step, so it would be ignored",
+                  "pick a runtime with that initializer, or drop the field")
+    c.dns_subdomain("dataset_secret", req.dataset_secret)
+    c.dns_subdomain("model_secret", req.model_secret)
+    if req.dataset_secret and not req.dataset_uri:
+        c.add("dataset_secret", "given without dataset_uri", "set dataset_uri")
+    if req.model_secret and not req.model_uri:
+        c.add("model_secret", "given without model_uri", "set model_uri")
+    if req.output_uri is not None and not (STORAGE_URI.match(req.output_uri) or req.output_uri.startswith("/")):
+        c.add("output_uri", f"{req.output_uri[:80]!r} is neither a URI nor an absolute path",
+              "e.g. s3://bucket/models/run1, pvc://claim/path or /mnt/models/run1")
+
+
+def _check_patches(c: _Checker, req: TrainJobRequest) -> None:
+    c.label_map("labels", req.labels, check_values=True)
+    c.label_map("annotations", req.annotations, check_values=False)
+    if sum(len(k) + len(v) for k, v in req.annotations.items()) > 256 * 1024:
+        c.add("annotations", "total size exceeds 256 KiB")
+    c.label_map("node_selector", req.node_selector, check_values=True)
+    if len(req.tolerations) > MAX_LIST:
+        c.add("tolerations", f"{len(req.tolerations)} items; at most {MAX_LIST}")
+    for i, tol in enumerate(req.tolerations):
+        unknown = set(tol) - TOLERATION_KEYS
+        if unknown:
+            c.add(f"tolerations[{i}]", f"unknown keys {sorted(unknown)}", f"use {sorted(TOLERATION_KEYS)}")
+        if tol.get("operator", "Equal") not in TOLERATION_OPERATORS:
+            c.add(f"tolerations[{i}].operator", f"{tol.get('operator')!r}", "use Exists or Equal")
+        if tol.get("effect", "") not in TOLERATION_EFFECTS:
+            c.add(f"tolerations[{i}].effect", f"{tol.get('effect')!r}", "use NoSchedule, PreferNoSchedule or NoExecute")
+    c.dns_subdomain("service_account", req.service_account)
+    if len(req.volumes) > MAX_LIST:
+        c.add("volumes", f"{len(req.volumes)} items; at most {MAX_LIST}")
+    seen: set[str] = set()
+    for i, vol in enumerate(req.volumes):
+        c.dns_subdomain(f"volumes[{i}].claim_name", vol.claim_name)
+        if not vol.mount_path.startswith("/"):
+            c.add(f"volumes[{i}].mount_path", f"{vol.mount_path!r} is not absolute", "start it with /")
+        vname = vol.name or f"pvc-{i}"
+        if not DNS_LABEL.match(vname) or len(vname) > 63:
+            c.add(f"volumes[{i}].name", f"{vname!r} is not a DNS label", "lowercase a-z, 0-9, '-'")
+        if vname in seen:
+            c.add(f"volumes[{i}].name", f"{vname!r} is used twice", "give each volume its own name")
+        seen.add(vname)
+    if len(req.image_pull_secrets) > 64:
+        c.add("image_pull_secrets", "more than 64 items")
+    for i, secret in enumerate(req.image_pull_secrets):
+        c.dns_subdomain(f"image_pull_secrets[{i}]", secret)
+    if len(req.runtime_patches) + 1 > 16:
+        c.add("runtime_patches", "more than 15 entries (trainflow owns one of the 16)")
+    managers: set[str] = set()
+    for i, patch in enumerate(req.runtime_patches):
+        manager = patch.get("manager")
+        if not isinstance(manager, str) or not 1 <= len(manager) <= 253:
+            c.add(f"runtime_patches[{i}].manager", "is required (1-253 characters)", "e.g. example.com/my-team")
+        elif manager == PATCH_MANAGER or manager in managers:
+            c.add(f"runtime_patches[{i}].manager", f"{manager!r} is already used", "use a distinct manager name")
+        else:
+            managers.add(manager)
+        unknown = set(patch) - {"manager", "trainingRuntimeSpec"}
+        if unknown:
+            c.add(f"runtime_patches[{i}]", f"unknown keys {sorted(unknown)}", "use manager and trainingRuntimeSpec")
+        for job in _patch_jobs(patch):
+            pod_spec = (((job.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+            for container in pod_spec.get("containers") or []:
+                if container.get("name") in ENV_OWNED_CONTAINERS and "env" in container:
+                    c.add(
+                        f"runtime_patches[{i}]",
+                        f"sets env on container {container.get('name')!r}",
+                        "use env / secret_env (trainer) instead",
+                    )
+    if req.queue is not None and (len(req.queue) > 63 or not LABEL_VALUE_PATTERN.match(req.queue) or not req.queue):
+        c.add("queue", f"{req.queue!r} is not a valid LocalQueue name", "lowercase a-z, 0-9, '-'")
+    c.int_range("deadline_seconds", req.deadline_seconds, 1, INT64_MAX)
+
+
+def _patch_jobs(patch: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
+    spec = ((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}
+    jobs = spec.get("replicatedJobs") or []
+    return [j for j in jobs if isinstance(j, Mapping)]
+
+
+def check_identity(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
+    nodes = req.num_nodes or runtime.default_num_nodes
+    limit = max_name_length(runtime, max(nodes, 1))
+    if req.name is not None:
+        if not NAME_PATTERN.match(req.name):
+            c.add("name", f"{req.name[:80]!r} is not an RFC 1035 name", "lowercase a-z, 0-9 and '-', starting with a letter")
+        elif len(req.name) > limit:
+            c.add("name", f"{len(req.name)} characters; at most {limit} for runtime {runtime.name!r}",
+                  "shorten it (pod hostnames append the step name and indexes)")
+    if req.namespace is not None and (len(req.namespace) > 63 or not NAMESPACE.match(req.namespace)):
+        c.add("namespace", f"{req.namespace[:80]!r} is not a valid namespace", "lowercase a-z, 0-9 and '-'")
+    if req.idempotency_key is not None and not req.idempotency_key.strip():
+        c.add("idempotency_key", "is empty", "omit it or give a stable text such as dag/run/task")
+    if req.runtime_kind == "TrainingRuntime" and runtime.kind != "TrainingRuntime":
+        c.add("runtime_kind", "does not match the runtime found", "use ClusterTrainingRuntime")
+
+
+def validate_request(req: TrainJobRequest, runtime: Runtime) -> None:
+    """Raise InvalidRequest listing every problem; return quietly when the request is valid."""
+    c = _Checker()
+    check_identity(c, req, runtime)
+    _check_trainer(c, req, runtime)
+    _check_resources(c, req)
+    _check_env(c, req, runtime)
+    _check_initializers(c, req, runtime)
+    _check_patches(c, req)
+    if c.issues:
+        raise InvalidRequest(c.issues)
+
+
+IMMUTABLE_FIELDS = ("runtimeRef", "trainer", "initializer", "activeDeadlineSeconds", "managedBy")
+
+
+def immutable_differences(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+    """Spec fields the Trainer forbids changing that differ between an existing TrainJob and a new one."""
+    old, new = existing.get("spec") or {}, wanted.get("spec") or {}
+    out = []
+    for field in IMMUTABLE_FIELDS:
+        a, b = old.get(field), new.get(field)
+        if field == "runtimeRef" and a and b:
+            a = {**{"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime"}, **a}
+            b = {**{"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime"}, **b}
+        if field == "managedBy":
+            continue
+        if (a or None) != (b or None):
+            out.append(f"spec.{field}")
+    return out

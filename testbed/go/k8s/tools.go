@@ -1,0 +1,14 @@
+//go:build tools
+
+// Package tools pins the commands the testbed builds from this module:
+// the Kubernetes control plane, kubectl, and etcd at the version that
+// k8s.io/kubernetes itself requires.
+package tools
+
+import (
+	_ "go.etcd.io/etcd/server/v3"
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)

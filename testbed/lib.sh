@@ -1,0 +1,38 @@
+# shellcheck shell=bash
+# Common settings for the trainflow testbed scripts. Source, don't execute.
+TESTBED_SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$TESTBED_SRC/.." && pwd)"
+# shellcheck source=versions.env
+. "$TESTBED_SRC/versions.env"
+
+TESTBED_CACHE="${TRAINFLOW_TESTBED_CACHE:-$HOME/.cache/trainflow-testbed}"
+TESTBED_DIR="${TRAINFLOW_TESTBED_DIR:-/tmp/trainflow-testbed}"
+
+# Go caches live outside the repository, shared across keys.
+export GOPATH="$TESTBED_CACHE/go/path"
+export GOMODCACHE="$TESTBED_CACHE/go/mod"
+export GOCACHE="$TESTBED_CACHE/go/cache"
+export GOFLAGS="-mod=mod -buildvcs=false"
+export GOTOOLCHAIN=local
+export CGO_ENABLED=0
+
+testbed_key() {
+  {
+    cat "$TESTBED_SRC/versions.env"
+    cat "$TESTBED_SRC"/go/*/go.mod "$TESTBED_SRC"/go/*/go.sum
+    go env GOVERSION GOOS GOARCH
+  } | sha256sum | cut -c1-16
+}
+
+# Upstream trainer manifests (CRDs, default runtimes): shared/ beside the repo.
+trainer_upstream_dir() {
+  local d
+  for d in "${TRAINFLOW_TRAINER_UPSTREAM:-}" "$REPO_ROOT/../shared/upstream/trainer" /work/shared/upstream/trainer; do
+    if [ -n "$d" ] && [ -d "$d/crds" ]; then (cd "$d" && pwd); return 0; fi
+  done
+  echo "trainer upstream manifests not found (looked in ../shared/upstream/trainer)" >&2
+  return 1
+}
+
+log() { printf '[testbed %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
