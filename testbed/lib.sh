@@ -36,3 +36,14 @@ trainer_upstream_dir() {
 
 log() { printf '[testbed %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+
+# A python with PyYAML: the project's venv if present, else python3.
+testbed_python() {
+  local py
+  for py in "$REPO_ROOT/.venv/bin/python" python3; do
+    if command -v "$py" >/dev/null 2>&1 && "$py" -c 'import yaml' 2>/dev/null; then
+      echo "$py"; return 0
+    fi
+  done
+  die "no python with PyYAML found (run 'uv sync' first)"
+}
