@@ -1,0 +1,324 @@
+"""Smoke tests of the e2e testbed itself, with the plain ``kubernetes`` client.
+
+They prove the testbed is a faithful Kubeflow Trainer v2.3.0 cluster:
+TrainJob -> JobSet -> Jobs -> pods (kwok) -> TrainJob conditions, pod failure,
+server-side rejection (CEL + admission webhooks), dry-run, suspend/resume.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from kubernetes import client
+
+from .conftest import (
+    JOBSET_GROUP,
+    JOBSET_VERSION,
+    KWOK_COMPLETE_DELAY,
+    KWOK_FAIL_LABEL,
+    TRAINER_GROUP,
+    TRAINER_VERSION,
+    condition,
+    wait_until,
+)
+
+pytestmark = pytest.mark.e2e
+
+TIMEOUT = 120
+
+# Shape of upstream examples/01-multi-node.yaml (v2.3.0), numNodes 2.
+MULTI_NODE = {
+    "apiVersion": "trainer.kubeflow.org/v1alpha1",
+    "kind": "TrainJob",
+    "metadata": {"name": "multi-node"},
+    "spec": {
+        "runtimeRef": {
+            "apiGroup": "trainer.kubeflow.org",
+            "kind": "ClusterTrainingRuntime",
+            "name": "torch-distributed",
+        },
+        "trainer": {
+            "numNodes": 2,
+            "command": ["torchrun", "--no-python", "python3", "-c", "print('hello')"],
+        },
+    },
+}
+
+
+def trainjob(name: str, **spec_overrides) -> dict:
+    tj = copy.deepcopy(MULTI_NODE)
+    tj["metadata"]["name"] = name
+    tj["spec"].update(spec_overrides)
+    return tj
+
+
+def create(k8s, ns: str, body: dict, dry_run: str | None = None) -> dict:
+    kw = {"dry_run": dry_run} if dry_run else {}
+    return k8s.custom.create_namespaced_custom_object(
+        TRAINER_GROUP, TRAINER_VERSION, ns, "trainjobs", body, **kw
+    )
+
+
+def get_tj(k8s, ns: str, name: str) -> dict:
+    return k8s.custom.get_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, ns, "trainjobs", name)
+
+
+def wait_condition(k8s, ns: str, name: str, ctype: str, status: str = "True", timeout: float = TIMEOUT):
+    def check():
+        c = condition(get_tj(k8s, ns, name), ctype)
+        return c if c and c.get("status") == status else None
+
+    return wait_until(check, timeout, f"TrainJob {ns}/{name} condition {ctype}={status}")
+
+
+def node_pods(k8s, ns: str, name: str):
+    return k8s.core.list_namespaced_pod(
+        ns,
+        label_selector=f"jobset.sigs.k8s.io/jobset-name={name},jobset.sigs.k8s.io/replicatedjob-name=node",
+    ).items
+
+
+def test_trainjob_runs_to_complete(k8s, namespace, testbed):
+    ns, name = namespace, "torch-ok"
+    created = create(k8s, ns, trainjob(name))
+    # Mutating webhook / CRD defaults applied by the server
+    assert created["spec"]["managedBy"] == "trainer.kubeflow.org/trainjob-controller"
+    assert created["spec"]["suspend"] is False
+
+    # TrainJob -> JobSet with the same name, owned by the TrainJob
+    js = wait_until(
+        lambda: _get_or_none(
+            lambda: k8s.custom.get_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, ns, "jobsets", name)
+        ),
+        TIMEOUT,
+        "JobSet",
+    )
+    owner = js["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("TrainJob", name, True)
+
+    # JobSet -> Job(s) -> 2 pods, on kwok nodes
+    jobs = wait_until(
+        lambda: k8s.batch.list_namespaced_job(ns, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}").items,
+        TIMEOUT,
+        "Jobs",
+    )
+    assert [j.metadata.name for j in jobs] == [f"{name}-node-0"]
+    assert jobs[0].metadata.labels["trainer.kubeflow.org/trainjob-ancestor-step"] == "trainer"
+    pods = wait_until(lambda: len(node_pods(k8s, ns, name)) == 2 and node_pods(k8s, ns, name), TIMEOUT, "2 pods")
+    ranks = sorted(p.metadata.labels["batch.kubernetes.io/job-completion-index"] for p in pods)
+    assert ranks == ["0", "1"]
+    env = {e.name: e.value for e in pods[0].spec.containers[0].env or []}
+    assert env["PET_NNODES"] == "2"
+    assert env["PET_MASTER_ADDR"] == f"{name}-node-0-0.{name}"
+    assert env["PET_MASTER_PORT"] == "29500"
+
+    # -> Complete
+    c = wait_condition(k8s, ns, name, "Complete")
+    assert c["reason"] == "AllJobsCompleted", c
+    tj = get_tj(k8s, ns, name)
+    assert condition(tj, "Failed") is None
+    pods = node_pods(k8s, ns, name)
+    assert {p.status.phase for p in pods} == {"Succeeded"}
+    assert {p.spec.node_name for p in pods} <= set(testbed.state["kwok_nodes"])
+    js_status = {j["name"]: j for j in tj["status"]["jobsStatus"]}
+    assert js_status["node"]["succeeded"] == 1, tj["status"]
+
+
+def test_pod_failure_fails_trainjob(k8s, namespace):
+    ns, name = namespace, "torch-fail"
+    # A namespaced runtime like torch-distributed but without Job retries, so a
+    # single failed pod fails the Job -> JobSet -> TrainJob.
+    rt = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainingRuntime",
+        "metadata": {"name": "torch-no-retry", "labels": {"trainer.kubeflow.org/framework": "torch"}},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": "node",
+                            "template": {
+                                "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                                "spec": {
+                                    "backoffLimit": 0,
+                                    "template": {
+                                        "spec": {"containers": [{"name": "node", "image": "pytorch/pytorch:2.13.0"}]}
+                                    },
+                                },
+                            },
+                        }
+                    ]
+                }
+            },
+        },
+    }
+    k8s.custom.create_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, ns, "trainingruntimes", rt)
+    tj = trainjob(name)
+    tj["spec"]["runtimeRef"] = {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime", "name": "torch-no-retry"}
+    tj["spec"]["runtimePatches"] = [
+        {
+            "manager": "trainflow.e2e/failure-injection",
+            "trainingRuntimeSpec": {
+                "template": {
+                    "spec": {
+                        "replicatedJobs": [
+                            {
+                                "name": "node",
+                                "template": {
+                                    "spec": {
+                                        "template": {
+                                            "metadata": {
+                                                "labels": {KWOK_FAIL_LABEL: "true"},
+                                                "annotations": {
+                                                    "pod-container-running-failed.stage.kwok.x-k8s.io/exit-code": "3"
+                                                },
+                                            }
+                                        }
+                                    }
+                                },
+                            }
+                        ]
+                    }
+                }
+            },
+        }
+    ]
+    create(k8s, ns, tj)
+    c = wait_condition(k8s, ns, name, "Failed")
+    assert c["reason"] == "FailedJobs", c
+    assert condition(get_tj(k8s, ns, name), "Complete") is None
+    failed = [p for p in node_pods(k8s, ns, name) if p.status.phase == "Failed"]
+    assert failed, "no failed pod"
+    term = failed[0].status.container_statuses[0].state.terminated
+    assert term.exit_code == 3
+
+
+@pytest.mark.parametrize(
+    "case,mutate,expect",
+    [
+        # object-level CEL on metadata.name (RFC 1035; a leading digit is a valid DNS-1123 subdomain)
+        ("name-cel", lambda tj: tj["metadata"].update(name="1-starts-with-digit"), "metadata.name"),
+        # CEL pattern on initializer storageUri
+        (
+            "storage-uri-cel",
+            lambda tj: tj["spec"].update(initializer={"dataset": {"storageUri": "not-a-uri"}}),
+            "storageUri",
+        ),
+        # reserved env name: rejected by Trainer's validating webhook
+        (
+            "reserved-env-webhook",
+            lambda tj: tj["spec"]["trainer"].update(env=[{"name": "PET_NNODES", "value": "5"}]),
+            "PET_NNODES",
+        ),
+        # runtime that does not exist: webhook
+        ("missing-runtime-webhook", lambda tj: tj["spec"]["runtimeRef"].update(name="no-such-runtime"), "no-such-runtime"),
+        # managedBy enum-by-CEL
+        ("managed-by-cel", lambda tj: tj["spec"].update(managedBy="example.com/other"), "managedBy"),
+    ],
+)
+def test_invalid_trainjob_rejected_by_server(k8s, namespace, case, mutate, expect):
+    tj = trainjob("invalid")
+    mutate(tj)
+    with pytest.raises(client.ApiException) as ei:
+        create(k8s, namespace, tj)
+    e = ei.value
+    assert e.status in (400, 403, 422), (e.status, e.body)
+    assert expect in e.body, e.body
+    if case.endswith("-webhook"):
+        assert 'admission webhook "validator.trainjob.trainer.kubeflow.org" denied' in e.body, e.body
+    # nothing was created
+    listed = k8s.custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, namespace, "trainjobs")
+    assert listed["items"] == []
+
+
+def test_server_side_dry_run_create(k8s, namespace):
+    tj = trainjob("dry-run")
+    del tj["spec"]["runtimeRef"]["apiGroup"]
+    del tj["spec"]["runtimeRef"]["kind"]
+    out = create(k8s, namespace, tj, dry_run="All")
+    # defaults filled by the server, nothing persisted
+    assert out["spec"]["runtimeRef"]["kind"] == "ClusterTrainingRuntime"
+    assert out["spec"]["runtimeRef"]["apiGroup"] == "trainer.kubeflow.org"
+    assert out["metadata"].get("uid")
+    with pytest.raises(client.ApiException) as ei:
+        get_tj(k8s, namespace, "dry-run")
+    assert ei.value.status == 404
+    # an invalid object is rejected in dry-run too (webhooks run for dry-run requests)
+    bad = trainjob("dry-run-bad")
+    bad["spec"]["trainer"]["env"] = [{"name": "PET_NNODES", "value": "1"}]
+    with pytest.raises(client.ApiException):
+        create(k8s, namespace, bad, dry_run="All")
+
+
+def test_suspend_then_resume_runs_to_complete(k8s, namespace):
+    ns, name = namespace, "torch-suspend"
+    tj = trainjob(name, suspend=True)
+    create(k8s, ns, tj)
+    c = wait_condition(k8s, ns, name, "Suspended")
+    assert c["reason"] == "Suspended", c
+    # Suspended: the JobSet (if any) is suspended and no pods run
+    js = _get_or_none(
+        lambda: k8s.custom.get_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, ns, "jobsets", name)
+    )
+    if js is not None:
+        assert js["spec"].get("suspend") is True
+    assert node_pods(k8s, ns, name) == []
+
+    # resume (as Kueue does): patch spec.suspend=false
+    k8s.custom.patch_namespaced_custom_object(
+        TRAINER_GROUP, TRAINER_VERSION, ns, "trainjobs", name, {"spec": {"suspend": False}}
+    )
+    c = wait_condition(k8s, ns, name, "Suspended", status="False")
+    assert c["reason"] == "Resumed", c
+    wait_condition(k8s, ns, name, "Complete")
+    # the Suspended=False/Resumed condition stays after completion
+    final = get_tj(k8s, ns, name)
+    assert condition(final, "Suspended")["status"] == "False"
+
+
+def test_pod_stays_running_with_kwok_delay(k8s, namespace):
+    """Pods can be held Running (kwok delay annotation) and the TrainJob reports no terminal condition."""
+    ns, name = namespace, "torch-slow"
+    tj = trainjob(name)
+    tj["spec"]["runtimePatches"] = [
+        {
+            "manager": "trainflow.e2e/slow",
+            "trainingRuntimeSpec": {
+                "template": {
+                    "spec": {
+                        "replicatedJobs": [
+                            {
+                                "name": "node",
+                                "template": {
+                                    "spec": {
+                                        "template": {"metadata": {"annotations": {KWOK_COMPLETE_DELAY: "8s"}}}
+                                    }
+                                },
+                            }
+                        ]
+                    }
+                }
+            },
+        }
+    ]
+    create(k8s, ns, tj)
+    wait_until(
+        lambda: [p for p in node_pods(k8s, ns, name) if p.status.phase == "Running"].__len__() == 2,
+        TIMEOUT,
+        "2 Running pods",
+    )
+    st = get_tj(k8s, ns, name).get("status") or {}
+    assert not [c for c in st.get("conditions") or [] if c["type"] in ("Complete", "Failed")]
+    wait_condition(k8s, ns, name, "Complete")
+
+
+def _get_or_none(fn):
+    try:
+        return fn()
+    except client.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
