@@ -46,9 +46,7 @@ class RuntimeNotFound(InvalidRequest):
 
     def __init__(self, name: str, kind: str, available: Sequence[str]) -> None:
         choices = ", ".join(sorted(available)) or "none"
-        super().__init__(
-            [FieldIssue("runtime", f"{kind} {name!r} not found", f"use one of: {choices}")]
-        )
+        super().__init__([FieldIssue("runtime", f"{kind} {name!r} not found", f"use one of: {choices}")])
         self.runtime_name = name
 
 

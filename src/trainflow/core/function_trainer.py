@@ -16,7 +16,9 @@ from typing import Any
 
 from trainflow.core.errors import InvalidRequest
 
-FUNCTION_REF = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+FUNCTION_REF = re.compile(
+    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+)
 
 _CALL = """
 import json as _tf_json, sys as _tf_sys
@@ -61,7 +63,9 @@ def function_code(function: str | Callable[..., Any]) -> str:
         )
     source, name = function_source(function)
     if inspect.iscoroutinefunction(function):
-        return source + "\n" + _CALL + f"import asyncio as _tf_asyncio\n_tf_asyncio.run({name}(**_tf_kwargs))\n"
+        return (
+            source + "\n" + _CALL + f"import asyncio as _tf_asyncio\n_tf_asyncio.run({name}(**_tf_kwargs))\n"
+        )
     return source + "\n" + _CALL + f"{name}(**_tf_kwargs)\n"
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from trainflow.core.errors import FieldIssue, InvalidRequest
 from trainflow.core.function_trainer import function_command
 from trainflow.core.naming import (
     ATTEMPT_LABEL,
@@ -18,9 +20,11 @@ from trainflow.core.naming import (
 from trainflow.core.request import TrainJobRequest
 from trainflow.core.result import OUTPUT_URI_ANNOTATION
 from trainflow.core.runtimes import API_VERSION, GROUP, TRAINER_CONTAINER, Runtime
+from trainflow.core.schema import schema_errors
 from trainflow.core.validation import OUTPUT_ENV, max_name_length, parse_request, validate_request
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+_PATCH_PATH = re.compile(r"^spec\.runtimePatches\[(?P<index>\d+)\](?P<rest>.*)$")
 
 
 def job_name(request: TrainJobRequest, runtime: Runtime, attempt: int = 1) -> str:
@@ -111,7 +115,9 @@ def _initializer(request: TrainJobRequest) -> dict[str, Any]:
     return out
 
 
-def _pod_patch(request: TrainJobRequest, runtime: Runtime, job: str, labels: dict[str, str]) -> dict[str, Any]:
+def _pod_patch(
+    request: TrainJobRequest, runtime: Runtime, job: str, labels: dict[str, str]
+) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if request.service_account:
         spec["serviceAccountName"] = request.service_account
@@ -123,7 +129,10 @@ def _pod_patch(request: TrainJobRequest, runtime: Runtime, job: str, labels: dic
         spec["imagePullSecrets"] = [{"name": s} for s in request.image_pull_secrets]
     if request.volumes and TRAINER_CONTAINER in runtime.container_names(job):
         spec["volumes"] = [
-            {"name": v.name or f"pvc-{i}", "persistentVolumeClaim": {"claimName": v.claim_name, "readOnly": v.read_only}}
+            {
+                "name": v.name or f"pvc-{i}",
+                "persistentVolumeClaim": {"claimName": v.claim_name, "readOnly": v.read_only},
+            }
             for i, v in enumerate(request.volumes)
         ]
         mounts = []
@@ -153,7 +162,9 @@ def _meta(labels: dict[str, str], annotations: dict[str, str]) -> dict[str, Any]
     return meta
 
 
-def _runtime_patch(request: TrainJobRequest, runtime: Runtime, labels: dict[str, str]) -> dict[str, Any] | None:
+def _runtime_patch(
+    request: TrainJobRequest, runtime: Runtime, labels: dict[str, str]
+) -> dict[str, Any] | None:
     jobs = []
     for job in runtime.replicated_job_names:
         pod = _pod_patch(request, runtime, job, labels)
@@ -218,4 +229,21 @@ def build_trainjob(
         spec["suspend"] = True
     if req.deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = req.deadline_seconds
-    return {"apiVersion": API_VERSION, "kind": "TrainJob", "metadata": metadata, "spec": spec}
+    manifest = {"apiVersion": API_VERSION, "kind": "TrainJob", "metadata": metadata, "spec": spec}
+    _check_schema(manifest, own_patches=1 if own else 0)
+    return manifest
+
+
+def _check_schema(manifest: dict[str, Any], own_patches: int) -> None:
+    """Hold the manifest to the CRD schema; raw runtime_patches entries are named as the user wrote them."""
+    issues = []
+    for path, message in schema_errors(manifest):
+        field = path
+        match = _PATCH_PATH.match(path)
+        if match:
+            field = f"runtime_patches[{int(match['index']) - own_patches}]{match['rest']}"
+        issues.append(
+            FieldIssue(field, message, "compare with the TrainJob CRD (trainer.kubeflow.org/v1alpha1)")
+        )
+    if issues:
+        raise InvalidRequest(issues)

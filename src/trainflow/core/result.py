@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 OUTPUT_URI_ANNOTATION = "trainflow.dev/output-uri"
 
 
-class JobState(str, enum.Enum):
+class JobState(enum.StrEnum):
     """Lifecycle of a TrainJob as trainflow reports it.
 
     Trainer v2.3 has only Suspended/Complete/Failed conditions; Created and Running are derived

@@ -23,7 +23,10 @@ TRAINER_CONTAINER = "node"
 # Env names the Trainer injects itself and rejects in spec.trainer.env, by ML policy.
 RESERVED_ENV: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # policy: (exact names, prefixes)
-    "torch": (("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"), ()),
+    "torch": (
+        ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"),
+        (),
+    ),
     "xgboost": ((), ("DMLC_",)),
     "mpi": ((), ("OMPI_MCA_",)),
     "jax": (("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS"), ()),

@@ -12,7 +12,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainflow.core.errors import FieldIssue, InvalidRequest
-from trainflow.core.naming import DNS_SUBDOMAIN, LABEL_VALUE_PATTERN, NAME_PATTERN, PATCH_MANAGER, label_key_problem
+from trainflow.core.naming import (
+    DNS_SUBDOMAIN,
+    LABEL_VALUE_PATTERN,
+    NAME_PATTERN,
+    PATCH_MANAGER,
+    label_key_problem,
+)
 from trainflow.core.request import TrainJobRequest
 from trainflow.core.runtimes import Runtime
 
@@ -28,7 +34,9 @@ SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 DNS_LABEL = NAME_PATTERN
 NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 QUANTITY = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
-RESOURCE_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+RESOURCE_NAME = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 TOLERATION_OPERATORS = {"Exists", "Equal"}
 TOLERATION_EFFECTS = {"", "NoSchedule", "PreferNoSchedule", "NoExecute"}
@@ -86,7 +94,9 @@ class _Checker:
 
     def dns_subdomain(self, field: str, value: str | None) -> None:
         if value is not None and (len(value) > 253 or not DNS_SUBDOMAIN.match(value)):
-            self.add(field, f"{value[:80]!r} is not a valid Kubernetes object name", "lowercase a-z, 0-9, '-', '.'")
+            self.add(
+                field, f"{value[:80]!r} is not a valid Kubernetes object name", "lowercase a-z, 0-9, '-', '.'"
+            )
 
     def int_range(self, field: str, value: int | None, low: int, high: int) -> None:
         if value is not None and not low <= value <= high:
@@ -101,7 +111,11 @@ def _check_trainer(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
         if argv is None:
             continue
         if len(argv) > MAX_LIST:
-            c.add(field, f"{len(argv)} items; the TrainJob allows at most {MAX_LIST}", "pass a script file instead")
+            c.add(
+                field,
+                f"{len(argv)} items; the TrainJob allows at most {MAX_LIST}",
+                "pass a script file instead",
+            )
         for i, arg in enumerate(argv):
             if len(arg) > MAX_ARG_CHARS:
                 c.add(f"{field}[{i}]", f"{len(arg)} characters; at most {MAX_ARG_CHARS}")
@@ -112,16 +126,18 @@ def _check_trainer(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
 
         if not FUNCTION_REF.match(req.function):
             c.add("function", f"{req.function!r} is not 'module:function'", "e.g. 'mypkg.train:main'")
-    if req.function is None and req.command is None and not runtime.trainer_container().get("command"):
-        if not runtime.is_torchtune and req.args is None:
-            c.add(
-                "command",
-                f"runtime {runtime.name!r} has no default command",
-                "give 'command' (argv) or 'function'",
-            )
+    no_command = req.function is None and req.command is None and req.args is None
+    if no_command and not runtime.trainer_container().get("command") and not runtime.is_torchtune:
+        c.add(
+            "command",
+            f"runtime {runtime.name!r} has no default command",
+            "give 'command' (argv) or 'function'",
+        )
     if runtime.is_torchtune:
         if req.function is not None:
-            c.add("function", "TorchTune runtimes run a 'tune run' recipe, not a function", "use args overrides")
+            c.add(
+                "function", "TorchTune runtimes run a 'tune run' recipe, not a function", "use args overrides"
+            )
         if req.command and list(req.command[:2]) != ["tune", "run"]:
             c.add(
                 "command",
@@ -139,7 +155,9 @@ def _check_trainer(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
     if runtime.policy == "mpi" and ppn == "auto":
         c.add("proc_per_node", "MPI runtimes need a number of slots per node", "give an integer >= 1")
     if runtime.policy == "xgboost" and ppn is not None:
-        c.add("proc_per_node", "XGBoost runtimes run one worker per GPU (or per node)", "remove proc_per_node")
+        c.add(
+            "proc_per_node", "XGBoost runtimes run one worker per GPU (or per node)", "remove proc_per_node"
+        )
 
 
 def _check_resources(c: _Checker, req: TrainJobRequest) -> None:
@@ -168,7 +186,11 @@ def _check_env(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
     for field, names in (("env", list(req.env)), ("secret_env", list(req.secret_env))):
         for name in names:
             if not ENV_NAME.match(name):
-                c.add(f"{field}.{name}", "is not a valid environment variable name", "use [A-Za-z_][A-Za-z0-9_]*")
+                c.add(
+                    f"{field}.{name}",
+                    "is not a valid environment variable name",
+                    "use [A-Za-z_][A-Za-z0-9_]*",
+                )
             if name in exact or name.startswith(prefixes):
                 c.add(
                     f"{field}.{name}",
@@ -195,7 +217,13 @@ def _check_env(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
 
 def _check_initializers(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
     for field, uri, schemes, present, step in (
-        ("dataset_uri", req.dataset_uri, DATASET_SCHEMES, runtime.has_dataset_initializer, "dataset-initializer"),
+        (
+            "dataset_uri",
+            req.dataset_uri,
+            DATASET_SCHEMES,
+            runtime.has_dataset_initializer,
+            "dataset-initializer",
+        ),
         ("model_uri", req.model_uri, MODEL_SCHEMES, runtime.has_model_initializer, "model-initializer"),
     ):
         if uri is None:
@@ -203,19 +231,31 @@ def _check_initializers(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> 
         if len(uri) > 2048 or not STORAGE_URI.match(uri):
             c.add(field, f"{uri[:80]!r} is not a storage URI", f"use scheme://path with one of {schemes}")
         elif uri.split("://", 1)[0].lower() not in schemes:
-            c.add(field, f"scheme of {uri[:80]!r} is not supported", f"use one of: {', '.join(s + '://' for s in schemes)}")
+            c.add(
+                field,
+                f"scheme of {uri[:80]!r} is not supported",
+                f"use one of: {', '.join(s + '://' for s in schemes)}",
+            )
         if not present:
-            c.add(field, f"runtime {runtime.name!r} has no {step} step, so it would be ignored",
-                  "pick a runtime with that initializer, or drop the field")
+            c.add(
+                field,
+                f"runtime {runtime.name!r} has no {step} step, so it would be ignored",
+                "pick a runtime with that initializer, or drop the field",
+            )
     c.dns_subdomain("dataset_secret", req.dataset_secret)
     c.dns_subdomain("model_secret", req.model_secret)
     if req.dataset_secret and not req.dataset_uri:
         c.add("dataset_secret", "given without dataset_uri", "set dataset_uri")
     if req.model_secret and not req.model_uri:
         c.add("model_secret", "given without model_uri", "set model_uri")
-    if req.output_uri is not None and not (STORAGE_URI.match(req.output_uri) or req.output_uri.startswith("/")):
-        c.add("output_uri", f"{req.output_uri[:80]!r} is neither a URI nor an absolute path",
-              "e.g. s3://bucket/models/run1, pvc://claim/path or /mnt/models/run1")
+    if req.output_uri is not None and not (
+        STORAGE_URI.match(req.output_uri) or req.output_uri.startswith("/")
+    ):
+        c.add(
+            "output_uri",
+            f"{req.output_uri[:80]!r} is neither a URI nor an absolute path",
+            "e.g. s3://bucket/models/run1, pvc://claim/path or /mnt/models/run1",
+        )
 
 
 def _check_patches(c: _Checker, req: TrainJobRequest) -> None:
@@ -233,7 +273,11 @@ def _check_patches(c: _Checker, req: TrainJobRequest) -> None:
         if tol.get("operator", "Equal") not in TOLERATION_OPERATORS:
             c.add(f"tolerations[{i}].operator", f"{tol.get('operator')!r}", "use Exists or Equal")
         if tol.get("effect", "") not in TOLERATION_EFFECTS:
-            c.add(f"tolerations[{i}].effect", f"{tol.get('effect')!r}", "use NoSchedule, PreferNoSchedule or NoExecute")
+            c.add(
+                f"tolerations[{i}].effect",
+                f"{tol.get('effect')!r}",
+                "use NoSchedule, PreferNoSchedule or NoExecute",
+            )
     c.dns_subdomain("service_account", req.service_account)
     if len(req.volumes) > MAX_LIST:
         c.add("volumes", f"{len(req.volumes)} items; at most {MAX_LIST}")
@@ -258,16 +302,26 @@ def _check_patches(c: _Checker, req: TrainJobRequest) -> None:
     for i, patch in enumerate(req.runtime_patches):
         manager = patch.get("manager")
         if not isinstance(manager, str) or not 1 <= len(manager) <= 253:
-            c.add(f"runtime_patches[{i}].manager", "is required (1-253 characters)", "e.g. example.com/my-team")
+            c.add(
+                f"runtime_patches[{i}].manager", "is required (1-253 characters)", "e.g. example.com/my-team"
+            )
         elif manager == PATCH_MANAGER or manager in managers:
-            c.add(f"runtime_patches[{i}].manager", f"{manager!r} is already used", "use a distinct manager name")
+            c.add(
+                f"runtime_patches[{i}].manager", f"{manager!r} is already used", "use a distinct manager name"
+            )
         else:
             managers.add(manager)
         unknown = set(patch) - {"manager", "trainingRuntimeSpec"}
         if unknown:
-            c.add(f"runtime_patches[{i}]", f"unknown keys {sorted(unknown)}", "use manager and trainingRuntimeSpec")
+            c.add(
+                f"runtime_patches[{i}]",
+                f"unknown keys {sorted(unknown)}",
+                "use manager and trainingRuntimeSpec",
+            )
         for job in _patch_jobs(patch):
-            pod_spec = (((job.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+            pod_spec = (((job.get("template") or {}).get("spec") or {}).get("template") or {}).get(
+                "spec"
+            ) or {}
             for container in pod_spec.get("containers") or []:
                 if container.get("name") in ENV_OWNED_CONTAINERS and "env" in container:
                     c.add(
@@ -275,7 +329,9 @@ def _check_patches(c: _Checker, req: TrainJobRequest) -> None:
                         f"sets env on container {container.get('name')!r}",
                         "use env / secret_env (trainer) instead",
                     )
-    if req.queue is not None and (len(req.queue) > 63 or not LABEL_VALUE_PATTERN.match(req.queue) or not req.queue):
+    if req.queue is not None and (
+        len(req.queue) > 63 or not LABEL_VALUE_PATTERN.match(req.queue) or not req.queue
+    ):
         c.add("queue", f"{req.queue!r} is not a valid LocalQueue name", "lowercase a-z, 0-9, '-'")
     c.int_range("deadline_seconds", req.deadline_seconds, 1, INT64_MAX)
 
@@ -291,10 +347,17 @@ def check_identity(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
     limit = max_name_length(runtime, max(nodes, 1))
     if req.name is not None:
         if not NAME_PATTERN.match(req.name):
-            c.add("name", f"{req.name[:80]!r} is not an RFC 1035 name", "lowercase a-z, 0-9 and '-', starting with a letter")
+            c.add(
+                "name",
+                f"{req.name[:80]!r} is not an RFC 1035 name",
+                "lowercase a-z, 0-9 and '-', starting with a letter",
+            )
         elif len(req.name) > limit:
-            c.add("name", f"{len(req.name)} characters; at most {limit} for runtime {runtime.name!r}",
-                  "shorten it (pod hostnames append the step name and indexes)")
+            c.add(
+                "name",
+                f"{len(req.name)} characters; at most {limit} for runtime {runtime.name!r}",
+                "shorten it (pod hostnames append the step name and indexes)",
+            )
     if req.namespace is not None and (len(req.namespace) > 63 or not NAMESPACE.match(req.namespace)):
         c.add("namespace", f"{req.namespace[:80]!r} is not a valid namespace", "lowercase a-z, 0-9 and '-'")
     if req.idempotency_key is not None and not req.idempotency_key.strip():
