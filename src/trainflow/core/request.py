@@ -5,10 +5,11 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     JsonValue,
@@ -91,7 +92,9 @@ class TrainJobRequest(BaseModel):
     resources: Resources | None = None
 
     env: dict[str, str] = Field(default_factory=dict)
-    secret_env: dict[str, SecretKeyRef] = Field(default_factory=dict)
+    secret_env: dict[str, Annotated[SecretKeyRef, BeforeValidator(_parse_secret)]] = Field(
+        default_factory=dict
+    )
     allow_plain_credentials: bool = False
 
     dataset_uri: str | None = None
@@ -112,13 +115,6 @@ class TrainJobRequest(BaseModel):
     queue: str | None = None
     suspend: bool = False
     deadline_seconds: int | None = None
-
-    @field_validator("secret_env", mode="before")
-    @classmethod
-    def _secret_shorthand(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: _parse_secret(v) for k, v in value.items()}
-        return value
 
     @field_validator("env", mode="before")
     @classmethod

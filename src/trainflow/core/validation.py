@@ -54,12 +54,31 @@ def parse_request(data: Mapping[str, Any] | TrainJobRequest) -> TrainJobRequest:
     try:
         return TrainJobRequest.model_validate(dict(data))
     except ValidationError as exc:
-        issues = []
+        issues: list[FieldIssue] = []
         for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "request"
+            field = _field_path(data, err["loc"])
             fix = "remove it (unknown field)" if err["type"] == "extra_forbidden" else ""
-            issues.append(FieldIssue(loc, err["msg"], fix))
+            if not any(issue.field == field for issue in issues):
+                issues.append(FieldIssue(field, err["msg"], fix))
         raise InvalidRequest(issues) from None
+
+
+def _field_path(data: Any, loc: tuple[int | str, ...]) -> str:
+    """The user's field path for a pydantic error location, without pydantic's union/type tags."""
+    path, node = "", data
+    for part in loc:
+        if isinstance(node, Mapping) and part in node:
+            path += f".{part}" if path else str(part)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            path += f"[{part}]"
+            node = node[part]
+        elif not path:
+            path = str(part)
+            node = None
+        else:
+            break
+    return path or "request"
 
 
 def looks_like_credential(name: str) -> bool:
