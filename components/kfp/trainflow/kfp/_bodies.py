@@ -1,0 +1,92 @@
+# ruff: noqa: UP045  (kfp 2.17 reads typing.Optional, not PEP 604 unions, in component signatures)
+"""Bodies of the trainflow KFP components. KFP embeds each function's source in the component, so every
+body imports what it needs inside; no ``from __future__ import annotations`` here (KFP reads real types).
+"""
+
+from typing import NamedTuple, Optional
+
+from kfp import dsl
+
+
+def train_job(
+    model: dsl.Output[dsl.Model],
+    metrics: dsl.Output[dsl.Metrics],
+    task_config: dsl.TaskConfig,
+    runtime: str = "torch-distributed",
+    runtime_kind: str = "ClusterTrainingRuntime",
+    image: Optional[str] = None,
+    command: Optional[list] = None,
+    args: Optional[list] = None,
+    function: Optional[str] = None,
+    function_kwargs: Optional[dict] = None,
+    num_nodes: Optional[int] = None,
+    proc_per_node: Optional[int] = None,
+    resources: Optional[dict] = None,
+    env: Optional[dict] = None,
+    secret_env: Optional[dict] = None,
+    dataset_uri: Optional[str] = None,
+    model_uri: Optional[str] = None,
+    output_uri: Optional[str] = None,
+    labels: Optional[dict] = None,
+    name: Optional[str] = None,
+    deadline_seconds: Optional[int] = None,
+    backend: str = "kubernetes",
+    namespace: Optional[str] = None,
+    on_cancel: str = "delete",
+    timeout: Optional[float] = None,
+    run_id: Optional[str] = None,
+    task_name: Optional[str] = None,
+    idempotency_key: Optional[str] = None,
+    volumes: Optional[list] = None,
+    mount_workspace: bool = False,
+    workspace_path: Optional[str] = None,
+    forward_task_config: bool = True,
+    extra: Optional[dict] = None,
+    backend_config: Optional[dict] = None,
+    dataset: Optional[dsl.Input[dsl.Dataset]] = None,
+) -> NamedTuple("TrainJobOutputs", [("job_name", str), ("namespace", str), ("state", str)]):
+    """Run a Kubeflow Trainer TrainJob (or reattach to it on retry), wait, and publish Model and Metrics.
+
+    run_id/task_name (pass dsl.PIPELINE_JOB_ID_PLACEHOLDER / dsl.PIPELINE_TASK_NAME_PLACEHOLDER) make the
+    TrainJob name deterministic. SIGTERM deletes the TrainJob unless on_cancel='keep'. A Failed TrainJob
+    fails the step.
+    """
+    params = {k: v for k, v in locals().items() if k not in ("model", "metrics", "dataset", "task_config")}
+    from trainflow.kfp.runner import run_train_job
+
+    return run_train_job(params, model=model, metrics=metrics, dataset=dataset, task_config=task_config)
+
+
+def wait_train_job(
+    metrics: dsl.Output[dsl.Metrics],
+    job_name: str,
+    namespace: Optional[str] = None,
+    backend: str = "kubernetes",
+    backend_config: Optional[dict] = None,
+    timeout: Optional[float] = None,
+    on_cancel: str = "keep",
+) -> NamedTuple("TrainJobStatus", [("state", str), ("result", str)]):
+    """Wait for a TrainJob created elsewhere; fail when it fails. on_cancel='delete' deletes it on SIGTERM."""
+    from trainflow.kfp.runner import wait_for_train_job
+
+    return wait_for_train_job(
+        job_name,
+        namespace=namespace,
+        backend=backend,
+        backend_config=backend_config,
+        timeout=timeout,
+        on_cancel=on_cancel,
+        metrics=metrics,
+    )
+
+
+def get_train_job(
+    job_name: str,
+    namespace: Optional[str] = None,
+    backend: str = "kubernetes",
+    backend_config: Optional[dict] = None,
+) -> NamedTuple("TrainJobStatus", [("state", str), ("result", str)]):
+    """Read a TrainJob's current state (and result JSON) without waiting; fails if it does not exist."""
+    from trainflow.kfp.runner import get_train_job_state
+
+    return get_train_job_state(job_name, namespace=namespace, backend=backend, backend_config=backend_config)
