@@ -1,0 +1,134 @@
+"""TrainJobSensor: wait for an existing TrainJob (e.g. created outside Airflow) to finish."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from trainflow.airflow import _config
+from trainflow.airflow.hooks import TrainJobHook
+from trainflow.airflow.provider_info import DEFAULT_CONN_ID
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class TrainJobSensor(BaseSensorOperator):
+    """Succeeds when the TrainJob is Complete, fails when it is Failed (skips instead with ``soft_fail``).
+
+    Works in ``poke``/``reschedule`` mode and deferrably (default ``[trainflow] default_deferrable``).
+    A TrainJob that does not exist yet is waited for (``wait_for_creation``, default True).
+    Returns the TrainJobResult dict.
+    """
+
+    template_fields: Sequence[str] = ("job_name", "namespace")
+    ui_color = "#e6f0ff"
+
+    def __init__(
+        self,
+        *,
+        job_name: str,
+        namespace: str | None = None,
+        conn_id: str | None = DEFAULT_CONN_ID,
+        backend: str | None = None,
+        kubeconfig: str | None = None,
+        cluster_context: str | None = None,
+        in_cluster: bool | None = None,
+        local_home: str | None = None,
+        wait_for_creation: bool = True,
+        deferrable: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.job_name = job_name
+        self.namespace = namespace
+        self.conn_id = conn_id
+        self.hook_params = {
+            k: v
+            for k, v in {
+                "backend": backend,
+                "kubeconfig": kubeconfig,
+                "context": cluster_context,
+                "in_cluster": in_cluster,
+                "local_home": local_home,
+            }.items()
+            if v is not None
+        }
+        self.wait_for_creation = wait_for_creation
+        if deferrable is None:  # an explicit mode="reschedule" wins over the deferrable default
+            deferrable = _config.get_bool("default_deferrable") and self.mode == "poke"
+        self.deferrable = deferrable
+
+    def _hook(self) -> TrainJobHook:
+        params = dict(self.hook_params)
+        if self.namespace:
+            params["namespace"] = self.namespace
+        return TrainJobHook(self.conn_id, **params)
+
+    def _check(self) -> tuple[bool, dict[str, Any] | None]:
+        """(done, result) from the job's current state; raises AirflowFailException on Failed."""
+        from trainflow.core.errors import TrainJobNotFound
+        from trainflow.core.result import JobRef
+
+        backend = self._hook().get_conn()
+        ref = JobRef(name=self.job_name, namespace=self.namespace or backend.namespace)
+        try:
+            result = backend.get(ref)
+        except TrainJobNotFound:
+            if not self.wait_for_creation:
+                raise AirflowFailException(f"TrainJob {ref} does not exist") from None
+            self.log.info("TrainJob %s does not exist yet", ref)
+            return False, None
+        self.log.info("TrainJob %s: %s", ref, result.state.value)
+        if result.state.value == "Failed":
+            raise AirflowFailException(
+                f"TrainJob {ref} failed: reason={result.reason}, message={result.message}"
+            )
+        return result.succeeded, result.to_dict()
+
+    def poke(self, context: Context) -> Any:
+        from airflow.sdk import PokeReturnValue
+
+        done, result = self._check()
+        return PokeReturnValue(is_done=done, xcom_value=result)
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        done, result = self._check()
+        if done:
+            return result
+        from trainflow.airflow.triggers import TrainJobTrigger
+
+        backend = self._hook().get_conn()
+        deadline = time.time() + float(self.timeout) if self.timeout else None
+        self.defer(
+            trigger=TrainJobTrigger(
+                name=self.job_name,
+                namespace=self.namespace or backend.namespace,
+                conn_id=self.conn_id,
+                hook_params={**self.hook_params, **({"namespace": self.namespace} if self.namespace else {})},
+                deadline=deadline,
+                on_kill_action="keep",  # a sensor never owns the job it watches
+                wait_for_creation=self.wait_for_creation,
+                poll_interval=float(self.poke_interval),
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=float(self.timeout) + 60) if self.timeout else None,
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        status = event.get("status")
+        ref = f"{event.get('namespace')}/{event.get('name')}"
+        if status == "success":
+            self.log.info("TrainJob %s is Complete", ref)
+            return event.get("result")
+        if status == "timeout":
+            from airflow.sdk.exceptions import AirflowSensorTimeout
+
+            raise AirflowSensorTimeout(event.get("message") or f"TrainJob {ref} did not finish in time")
+        raise AirflowException(event.get("message") or f"TrainJob {ref}: {status}")
