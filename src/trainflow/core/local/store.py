@@ -1,0 +1,298 @@
+"""On-disk state of local TrainJobs: one directory per job, atomic JSON files, advisory locks, process facts.
+
+Layout of ``<home>/jobs/<namespace>/<name>/``: ``trainjob.json`` (the TrainJob object, status in the Trainer's
+shape), ``plan.json`` (what the supervisor launches; secret *references* only), ``nodes.json`` (pids, exit
+codes), ``metrics.json`` (what training code reported), ``logs/<step>.log``, ``output/``, ``workspace/``.
+Kept free of pydantic so the supervisor starts fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+TRAINJOB_FILE = "trainjob.json"
+PLAN_FILE = "plan.json"
+NODES_FILE = "nodes.json"
+METRICS_FILE = "metrics.json"
+SUPERVISOR_FILE = "supervisor.json"
+SPAWN_FILE = "spawn.json"
+STATE_LOCK = ".state.lock"
+METRICS_LOCK = ".metrics.lock"
+SUPERVISOR_LOCK = ".supervisor.lock"
+LOGS_DIR = "logs"
+
+HOME_ENV = "TRAINFLOW_HOME"
+JOB_DIR_ENV = "TRAINFLOW_LOCAL_JOB_DIR"
+JOB_UID_ENV = "TRAINFLOW_LOCAL_JOB_UID"
+
+
+def default_home() -> Path:
+    """``$TRAINFLOW_HOME``, else the user's data directory (e.g. ``~/.local/share/trainflow``)."""
+    env = os.environ.get(HOME_ENV)
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("trainflow"))
+
+
+def now_iso() -> str:
+    """RFC 3339 UTC timestamp with milliseconds, as Kubernetes clients parse it."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write atomically: readers see the old file or the new one, never a torn one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_json(path: Path) -> Any:
+    """The parsed file, or None when it does not exist (or vanished with a deleted job)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+@contextlib.contextmanager
+def locked(path: Path, *, shared: bool = False) -> Iterator[None]:
+    """Hold an advisory flock on ``path`` (created if missing) for the duration of the block."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def lock_held(path: Path) -> bool:
+    """True when another process holds an exclusive flock on ``path`` (the supervisor's liveness lock)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+class JobDir:
+    """Paths and state operations of one local job directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def trainjob(self) -> Path:
+        return self.root / TRAINJOB_FILE
+
+    @property
+    def plan(self) -> Path:
+        return self.root / PLAN_FILE
+
+    @property
+    def nodes(self) -> Path:
+        return self.root / NODES_FILE
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / METRICS_FILE
+
+    @property
+    def supervisor(self) -> Path:
+        return self.root / SUPERVISOR_FILE
+
+    @property
+    def spawn(self) -> Path:
+        return self.root / SPAWN_FILE
+
+    @property
+    def supervisor_lock(self) -> Path:
+        return self.root / SUPERVISOR_LOCK
+
+    @property
+    def logs(self) -> Path:
+        return self.root / LOGS_DIR
+
+    def log(self, step: str) -> Path:
+        return self.logs / f"{step}.log"
+
+    def exists(self) -> bool:
+        return self.trainjob.is_file()
+
+    def read(self) -> dict[str, Any] | None:
+        data = read_json(self.trainjob)
+        return data if isinstance(data, dict) else None
+
+    @contextlib.contextmanager
+    def update(self) -> Iterator[dict[str, Any]]:
+        """Read-modify-write ``trainjob.json`` under the state lock; a vanished job raises FileNotFoundError."""
+        with locked(self.root / STATE_LOCK):
+            obj = self.read()
+            if obj is None:
+                raise FileNotFoundError(self.trainjob)
+            yield obj
+            write_json(self.trainjob, obj)
+
+    def read_metrics(self) -> dict[str, Any]:
+        data = read_json(self.metrics)
+        return data if isinstance(data, dict) else {}
+
+    def supervisor_alive(self) -> bool:
+        return lock_held(self.supervisor_lock)
+
+
+def set_condition(status: dict[str, Any], kind: str, value: bool, reason: str, message: str) -> None:
+    """Upsert one metav1.Condition (list-map keyed by type); the transition time moves only on change."""
+    conditions: list[dict[str, Any]] = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+    text = "True" if value else "False"
+    for cond in conditions:
+        if cond.get("type") == kind:
+            if cond.get("status") != text:
+                cond["lastTransitionTime"] = now_iso()
+            cond.update(status=text, reason=reason, message=message)
+            break
+    else:
+        conditions.append(
+            {
+                "type": kind,
+                "status": text,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": now_iso(),
+            }
+        )
+    status["conditions"] = conditions
+
+
+def is_terminal(obj: dict[str, Any]) -> bool:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if (
+            isinstance(cond, dict)
+            and cond.get("type") in ("Complete", "Failed")
+            and cond.get("status") == "True"
+        ):
+            return True
+    return False
+
+
+def trainer_status(metrics: dict[str, Any]) -> dict[str, Any] | None:
+    """The Trainer's ``status.trainerStatus`` shape from a local ``metrics.json``."""
+    if not metrics:
+        return None
+    out: dict[str, Any] = {"lastUpdatedTime": metrics.get("lastUpdatedTime") or now_iso()}
+    items = metrics.get("metrics") or {}
+    if isinstance(items, dict) and items:
+        out["metrics"] = [{"name": str(k), "value": str(v)} for k, v in items.items()]
+    if isinstance(metrics.get("progressPercentage"), int):
+        out["progressPercentage"] = metrics["progressPercentage"]
+    return out
+
+
+# --- processes -------------------------------------------------------------------------------------
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks since boot) from /proc, or None if no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            text = fh.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = text[text.rfind(")") + 2 :].split()
+    try:
+        return fields[0], int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def proc_start_time(pid: int) -> int | None:
+    stat = proc_stat(pid)
+    return stat[1] if stat else None
+
+
+def pid_alive(pid: int, start_time: int | None = None) -> bool:
+    """True when ``pid`` runs (not a zombie) and, if given, started at ``start_time`` (guards pid reuse)."""
+    stat = proc_stat(pid)
+    if stat is None or stat[0] in ("Z", "X"):
+        return False
+    return start_time is None or stat[1] == start_time
+
+
+def marked_processes(uid: str) -> list[int]:
+    """Pids of live processes whose environment carries this job's marker (children, grandchildren, ...).
+
+    torchrun starts its workers in new sessions, so process groups alone cannot find every rank.
+    """
+    needle = f"{JOB_UID_ENV}={uid}".encode()
+    me = os.getpid()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if pid == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                environ = fh.read()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and pid_alive(pid):
+            found.append(pid)
+    return found
+
+
+def signal_pid(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def kill_marked(uid: str, *, rounds: int = 20) -> int:
+    """SIGKILL every process carrying the job marker until none is left; returns how many were killed."""
+    killed = 0
+    for _ in range(rounds):
+        pids = marked_processes(uid)
+        if not pids:
+            break
+        for pid in pids:
+            signal_pid(pid, signal.SIGKILL)
+        killed += len(pids)
+        time.sleep(0.02)
+    return killed

@@ -1,0 +1,354 @@
+"""The detached per-job supervisor: ``python -m trainflow.core.local.supervisor <jobdir>``.
+
+It holds ``.supervisor.lock`` for its whole life (so any process can tell it is alive, even after pid
+reuse), launches one process per local node in its own session, writes the TrainJob status in the
+Trainer's shape, enforces the deadline, suspend/resume and fail-fast, and on exit leaves no process of
+the job behind. Secret values are read from ``<home>/secrets`` into the children's env only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+from trainflow.core.local import policies, store
+
+POLL_SECONDS = 0.05
+STOP_GRACE_SECONDS = 5.0
+
+
+class _Stop(Exception):
+    """The job is being cancelled (SIGTERM) or deleted."""
+
+
+class Node:
+    """One local node: a process running the trainer command, its log, its exit."""
+
+    def __init__(self, index: int, step: str, proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
+        self.index = index
+        self.step = step
+        self.proc = proc
+        self.log = log
+        self.start_time = store.proc_start_time(proc.pid)
+        self.exit_code: int | None = None
+        self.signal: int | None = None
+
+    def poll(self) -> int | None:
+        if self.exit_code is None:
+            code = self.proc.poll()
+            if code is not None:
+                self.signal = -code if code < 0 else None
+                self.exit_code = 128 + self.signal if self.signal else code
+                self.log.close()
+        return self.exit_code
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "node": self.index,
+            "step": f"{self.step}-{self.index}" if self.step == "node" else self.step,
+            "pid": self.proc.pid,
+            "pgid": self.proc.pid,
+            "start_time": self.start_time,
+            "exit_code": self.exit_code,
+        }
+        if self.signal:
+            out["signal"] = signal.Signals(self.signal).name
+        return out
+
+
+class Supervisor:
+    def __init__(self, root: Path) -> None:
+        self.job = store.JobDir(root)
+        self.plan: dict[str, Any] = store.read_json(self.job.plan) or {}
+        obj = self.job.read() or {}
+        self.uid = str((obj.get("metadata") or {}).get("uid", ""))
+        self.nodes: list[Node] = []
+        self.stop = False
+        self._spec_key: tuple[int, int] | None = None
+        self._spec: dict[str, Any] = obj.get("spec") or {}
+
+    # --- plumbing ---------------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stop = True
+
+    def log(self, text: str) -> None:
+        print(f"{store.now_iso()} {text}", flush=True)
+
+    def spec(self) -> dict[str, Any]:
+        """The job's spec, re-read only when trainjob.json changed (suspend/resume/delete come this way)."""
+        try:
+            st = os.stat(self.job.trainjob)
+        except FileNotFoundError as exc:
+            raise _Stop from exc
+        key = (st.st_ino, st.st_mtime_ns)
+        if key != self._spec_key:
+            obj = self.job.read()
+            if obj is None:
+                raise _Stop
+            self._spec_key = key
+            self._spec = obj.get("spec") or {}
+            if (obj.get("metadata") or {}).get("deletionTimestamp"):
+                raise _Stop
+        return self._spec
+
+    def check(self) -> None:
+        if self.stop:
+            raise _Stop
+        self.spec()
+
+    def update_status(self, **changes: Any) -> None:
+        with self.job.update() as obj:
+            status = obj.setdefault("status", {})
+            for kind, value, reason, message in changes.pop("conditions", []):
+                store.set_condition(status, kind, value, reason, message)
+            if "jobs" in changes:
+                status["jobsStatus"] = changes.pop("jobs")
+            trainer_status = store.trainer_status(self.job.read_metrics())
+            if trainer_status:
+                status["trainerStatus"] = trainer_status
+            self._spec = obj.get("spec") or {}
+
+    def jobs_status(self, *, suspended: bool = False) -> list[dict[str, Any]]:
+        step = str(self.plan.get("step", "node"))
+        active = sum(1 for n in self.nodes if n.exit_code is None)
+        succeeded = sum(1 for n in self.nodes if n.exit_code == 0)
+        failed = sum(1 for n in self.nodes if n.exit_code not in (None, 0))
+        out = [
+            {"name": i["step"], "active": 0, "ready": 0, "succeeded": 1, "failed": 0, "suspended": 0}
+            for i in self.plan.get("initializers") or []
+        ]
+        out.append(
+            {
+                "name": step,
+                "active": active,
+                "ready": active,
+                "succeeded": succeeded,
+                "failed": failed,
+                "suspended": 1 if suspended else 0,
+            }
+        )
+        return out
+
+    def write_nodes(self) -> None:
+        store.write_json(self.job.nodes, [n.describe() for n in self.nodes])
+
+    # --- lifecycle --------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        Path(self.plan["output_dir"]).mkdir(parents=True, exist_ok=True)
+        (self.job.root / "workspace").mkdir(exist_ok=True)
+        for init in self.plan.get("initializers") or []:
+            target = Path(init["target"])
+            with open(self.job.log(init["step"]), "a", encoding="utf-8") as fh:
+                if not target.is_symlink() and not target.exists():
+                    target.symlink_to(init["source"], target_is_directory=Path(init["source"]).is_dir())
+                fh.write(f"{init['step']}: linked {init['source']} -> {target}\n")
+        if self.plan.get("policy") == "mpi":
+            slots = int(self.plan["nproc_per_node"]) * int(self.plan["num_nodes"])
+            (self.job.root / "hostfile").write_text(f"localhost slots={slots}\n", encoding="utf-8")
+
+    def child_env(self, index: int, port: int) -> dict[str, str]:
+        env = policies.base_env(dict(os.environ))
+        secrets = Path(self.plan["secrets_dir"])
+        for item in self.plan.get("env") or []:
+            if "secret" in item:
+                ref = item["secret"]
+                env[item["name"]] = (
+                    (secrets / ref["name"] / ref["key"]).read_text(encoding="utf-8").rstrip("\n")
+                )
+            else:
+                env[item["name"]] = item["value"]
+        env.update(policies.policy_env(self.plan, index, port))
+        for init in self.plan.get("initializers") or []:
+            env[init["env"]] = init["target"]
+        env[policies.OUTPUT_ENV] = self.plan["output_uri"]
+        env[policies.NODE_RANK_ENV] = str(index)
+        env[policies.WORKSPACE_ENV] = str(self.job.root / "workspace")
+        env[store.JOB_DIR_ENV] = str(self.job.root)
+        env[store.JOB_UID_ENV] = self.uid
+        return env
+
+    def launch(self) -> None:
+        self.job.logs.mkdir(exist_ok=True)
+        port = policies.free_port()
+        step = str(self.plan.get("step", "node"))
+        self.nodes = []
+        for index in range(int(self.plan.get("launched_nodes", 1))):
+            name = f"node-{index}" if step == "node" else step
+            log = open(self.job.log(name), "ab")  # noqa: SIM115 - closed when the node exits
+            proc = subprocess.Popen(
+                self.plan["argv"],
+                env=self.child_env(index, port),
+                cwd=self.plan.get("cwd") or None,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            self.nodes.append(Node(index, step, proc, log))
+        self.write_nodes()
+        self.log(f"launched {len(self.nodes)} node(s) {[n.proc.pid for n in self.nodes]} port={port}")
+
+    def stop_nodes(self, grace: float = STOP_GRACE_SECONDS) -> None:
+        """SIGTERM every node's process group, SIGKILL after ``grace``, then sweep the job's marked processes."""
+        live = [n for n in self.nodes if n.poll() is None]
+        for node in live:
+            store.signal_group(node.proc.pid, signal.SIGTERM)
+        end = time.monotonic() + grace
+        while time.monotonic() < end and any(n.poll() is None for n in live):
+            time.sleep(POLL_SECONDS)
+        for node in live:
+            store.signal_group(node.proc.pid, signal.SIGKILL)
+        for node in live:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.proc.wait(timeout=2)
+            node.poll()
+        if self.uid:
+            store.kill_marked(self.uid)
+
+    def wait_resumed(self) -> None:
+        """Hold a suspended job (Kueue-style) until spec.suspend is cleared."""
+        self.update_status(
+            conditions=[("Suspended", True, "Suspended", "TrainJob is suspended")],
+            jobs=self.jobs_status(suspended=True),
+        )
+        self.log("suspended")
+        while self.spec().get("suspend"):
+            if self.stop:
+                raise _Stop
+            time.sleep(POLL_SECONDS * 2)
+        self.update_status(conditions=[("Suspended", False, "Resumed", "TrainJob is resumed")])
+        self.log("resumed")
+
+    def run_once(self) -> bool:
+        """Run the nodes until they all end, one fails, the deadline passes or the job is suspended.
+
+        Returns True when the job reached a terminal state, False when it was suspended.
+        """
+        deadline_s = self.plan.get("deadline_seconds")
+        deadline = time.monotonic() + float(deadline_s) if deadline_s else None
+        self.launch()
+        self.update_status(jobs=self.jobs_status())
+        metrics_key: tuple[int, int] | None = None
+        while True:
+            time.sleep(POLL_SECONDS)
+            self.check()
+            if self.spec().get("suspend"):
+                self.stop_nodes()
+                self.write_nodes()
+                return False
+            codes = [n.poll() for n in self.nodes]
+            failed = [n for n in self.nodes if n.exit_code not in (None, 0)]
+            if failed:
+                first = min(failed, key=lambda n: n.index)
+                self.stop_nodes()
+                self.write_nodes()
+                how = f"was killed by {first.describe()['signal']}" if first.signal else "exited"
+                message = (
+                    f"node {first.index} ({first.describe()['step']}) {how} with code {first.exit_code}; "
+                    f"the other nodes were stopped"
+                )
+                self.update_status(
+                    conditions=[("Failed", True, "NodeFailed", message)], jobs=self.jobs_status()
+                )
+                self.log(message)
+                return True
+            if all(code == 0 for code in codes):
+                self.write_nodes()
+                self.update_status(
+                    conditions=[
+                        (
+                            "Complete",
+                            True,
+                            "AllJobsCompleted",
+                            f"all {len(self.nodes)} node(s) exited successfully",
+                        )
+                    ],
+                    jobs=self.jobs_status(),
+                )
+                self.log("complete")
+                return True
+            if deadline is not None and time.monotonic() > deadline:
+                self.stop_nodes()
+                self.write_nodes()
+                self.update_status(
+                    conditions=[
+                        ("Failed", True, "DeadlineExceeded", "TrainJob exceeded its active deadline")
+                    ],
+                    jobs=self.jobs_status(),
+                )
+                self.log("deadline exceeded")
+                return True
+            try:
+                st = os.stat(self.job.metrics)
+                key = (st.st_ino, st.st_mtime_ns)
+            except FileNotFoundError:
+                key = None
+            if key != metrics_key:
+                metrics_key = key
+                self.update_status(jobs=self.jobs_status())
+
+    def run(self) -> int:
+        fd = os.open(self.job.supervisor_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return 0  # another supervisor owns this job
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._on_signal)
+        store.write_json(
+            self.job.supervisor,
+            {
+                "pid": os.getpid(),
+                "start_time": store.proc_start_time(os.getpid()),
+                "started": store.now_iso(),
+            },
+        )
+        obj = self.job.read()
+        if obj is None or store.is_terminal(obj):
+            return 0
+        try:
+            self.prepare()
+            while True:
+                if self.spec().get("suspend"):
+                    self.wait_resumed()
+                self.check()
+                if self.run_once():
+                    break
+        except _Stop:
+            self.log("stopping: job cancelled or deleted")
+            self.stop_nodes()
+        except Exception as exc:
+            self.stop_nodes()
+            with contextlib.suppress(FileNotFoundError):
+                self.update_status(
+                    conditions=[("Failed", True, "LocalEngineError", f"{type(exc).__name__}: {exc}"[:1000])],
+                    jobs=self.jobs_status(),
+                )
+            self.log(f"error: {type(exc).__name__}: {exc}")
+            return 1
+        finally:
+            if self.uid:
+                store.kill_marked(self.uid)
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m trainflow.core.local.supervisor <jobdir>", file=sys.stderr)
+        return 2
+    return Supervisor(Path(args[0])).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

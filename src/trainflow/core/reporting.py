@@ -1,0 +1,163 @@
+"""Reporting from training code: ``report(metrics=..., progress=...)`` and ``output_dir()``.
+
+Where a report goes, in order: the Trainer's status server (``KUBEFLOW_TRAINER_SERVER_URL``, as
+``trainerStatus``), the local engine's job state (``TRAINFLOW_LOCAL_JOB_DIR``), else one structured
+``TRAINFLOW_REPORT {json}`` line on stdout that backends parse from rank 0's log. Only rank 0 reports
+locally. ``report`` never raises into training code; a failed delivery logs a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import ssl
+import sys
+import urllib.request
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+log = logging.getLogger("trainflow.report")
+
+SERVER_URL_ENV = "KUBEFLOW_TRAINER_SERVER_URL"
+SERVER_TOKEN_ENV = "KUBEFLOW_TRAINER_SERVER_TOKEN"
+SERVER_CA_ENV = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
+LOCAL_JOB_ENV = "TRAINFLOW_LOCAL_JOB_DIR"
+OUTPUT_ENV = "TRAINFLOW_OUTPUT_URI"
+REPORT_PREFIX = "TRAINFLOW_REPORT "
+MAX_METRIC_CHARS = 64
+_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "JAX_PROCESS_ID", "DMLC_TASK_ID", "PET_NODE_RANK")
+
+# Everything reported so far by this process: the status server replaces trainerStatus wholesale.
+_sent: dict[str, float | str] = {}
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _text(value: float | str) -> str:
+    text = (
+        repr(float(value)) if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
+    )
+    return text[:MAX_METRIC_CHARS]
+
+
+def is_rank0() -> bool:
+    """True in the process whose reports count: global rank 0 (``RANK`` unset or "0", likewise per launcher)."""
+    for name in _RANK_VARS:
+        value = os.environ.get(name)
+        if value is not None and value.strip() != "":
+            return value.strip() == "0"
+    return True
+
+
+def _clean(metrics: Mapping[str, float | str] | None) -> dict[str, float | str]:
+    out: dict[str, float | str] = {}
+    for key, value in (metrics or {}).items():
+        name = str(key)[:MAX_METRIC_CHARS]
+        if isinstance(value, bool) or isinstance(value, int | float):
+            out[name] = float(value)
+        else:
+            out[name] = str(value)[:MAX_METRIC_CHARS]
+    return out
+
+
+def _progress(progress: int | None) -> int | None:
+    return None if progress is None else max(0, min(100, int(progress)))
+
+
+def _post(url: str, metrics: dict[str, float | str], progress: int | None) -> None:
+    body: dict[str, Any] = {"lastUpdatedTime": _now()}
+    if metrics:
+        body["metrics"] = [{"name": k, "value": _text(v)} for k, v in metrics.items()]
+    if progress is not None:
+        body["progressPercentage"] = progress
+    data = json.dumps({"trainerStatus": body}).encode()
+    headers = {"Content-Type": "application/json"}
+    token_file = os.environ.get(SERVER_TOKEN_ENV)
+    if token_file:
+        headers["Authorization"] = "Bearer " + Path(token_file).read_text(encoding="utf-8").strip()
+    ca = os.environ.get(SERVER_CA_ENV)
+    context = ssl.create_default_context(cafile=ca) if ca else None
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    with urllib.request.urlopen(request, timeout=10, context=context) as response:
+        response.read()
+
+
+def _write_local(jobdir: Path, metrics: dict[str, float | str], progress: int | None) -> None:
+    from trainflow.core.local import store
+
+    with store.locked(jobdir / store.METRICS_LOCK):
+        current = store.read_json(jobdir / store.METRICS_FILE)
+        state: dict[str, Any] = current if isinstance(current, dict) else {}
+        merged = dict(state.get("metrics") or {})
+        merged.update(metrics)
+        state["metrics"] = merged
+        if progress is not None:
+            state["progressPercentage"] = progress
+        state["lastUpdatedTime"] = store.now_iso()
+        store.write_json(jobdir / store.METRICS_FILE, state)
+
+
+def report(metrics: Mapping[str, float | str] | None = None, progress: int | None = None) -> None:
+    """Report metrics (last value per name wins) and/or progress (0-100) of the running TrainJob.
+
+    Safe to call from every rank: only rank 0's reports are kept. Never raises.
+    """
+    try:
+        clean = _clean(metrics)
+        pct = _progress(progress)
+        if not is_rank0() or (not clean and pct is None):
+            return
+        url = os.environ.get(SERVER_URL_ENV)
+        if url:
+            _sent.update(clean)
+            _post(url, dict(_sent), pct)
+            return
+        jobdir = os.environ.get(LOCAL_JOB_ENV)
+        if jobdir:
+            _write_local(Path(jobdir), clean, pct)
+            return
+        line: dict[str, Any] = {"metrics": clean}
+        if pct is not None:
+            line["progress"] = pct
+        sys.stdout.write(REPORT_PREFIX + json.dumps(line, sort_keys=True) + "\n")
+        sys.stdout.flush()
+    except Exception as exc:  # training must go on whatever happens to a report
+        log.warning("trainflow.report could not deliver the report: %s: %s", type(exc).__name__, exc)
+
+
+def parse_report_line(line: str) -> dict[str, Any] | None:
+    """The payload of one ``TRAINFLOW_REPORT {json}`` log line, or None for any other line."""
+    index = line.find(REPORT_PREFIX)
+    if index < 0:
+        return None
+    try:
+        data = json.loads(line[index + len(REPORT_PREFIX) :])
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def output_dir() -> Path:
+    """The directory the trainer must write its model to (``TRAINFLOW_OUTPUT_URI``: file:// or absolute path).
+
+    Created if missing. Raises RuntimeError when the output URI is unset or not a local path (e.g. s3://,
+    which training code must write with its own client).
+    """
+    uri = os.environ.get(OUTPUT_ENV)
+    if not uri:
+        raise RuntimeError(f"{OUTPUT_ENV} is not set: run under trainflow, or set output_uri on the request")
+    if uri.startswith("/"):
+        path = Path(uri)
+    else:
+        parsed = urlparse(uri)
+        if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
+            raise RuntimeError(f"{OUTPUT_ENV}={uri!r} is not a local path; write it with your storage client")
+        path = Path(unquote(parsed.path))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
