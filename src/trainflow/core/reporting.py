@@ -59,7 +59,7 @@ def _clean(metrics: Mapping[str, float | str] | None) -> dict[str, float | str]:
     out: dict[str, float | str] = {}
     for key, value in (metrics or {}).items():
         name = str(key)[:MAX_METRIC_CHARS]
-        if isinstance(value, bool) or isinstance(value, int | float):
+        if isinstance(value, int | float):  # bool is an int
             out[name] = float(value)
         else:
             out[name] = str(value)[:MAX_METRIC_CHARS]
