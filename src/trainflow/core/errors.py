@@ -70,13 +70,17 @@ class BackendError(TrainflowError):
 class WaitTimeout(TrainflowError, TimeoutError):
     """The deadline passed before the TrainJob reached a terminal state; the job was left as it is."""
 
-    def __init__(self, namespace: str, name: str, state: str, timeout: float) -> None:
-        super().__init__(
-            f"TrainJob {namespace}/{name} still {state} after {timeout:.0f}s; it was not cancelled"
-        )
+    def __init__(
+        self, namespace: str, name: str, state: str, timeout: float, diagnostics: Diagnostics | None = None
+    ) -> None:
+        text = f"TrainJob {namespace}/{name} still {state} after {timeout:.0f}s; it was not cancelled"
+        if diagnostics is not None and diagnostics.lines():
+            text += "\n  " + "\n  ".join(diagnostics.lines())
+        super().__init__(text)
         self.namespace = namespace
         self.name = name
         self.state = state
+        self.diagnostics = diagnostics
 
 
 @dataclass

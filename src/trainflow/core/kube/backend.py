@@ -1,0 +1,465 @@
+"""KubernetesBackend: submit, wait (watch-based, sync and shared-async), logs, cancel TrainJobs on a cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from trainflow.core.backend import UpdateCallback, as_ref, resolve_deadline
+from trainflow.core.errors import (
+    BackendError,
+    Diagnostics,
+    RuntimeNotFound,
+    TrainJobConflict,
+    TrainJobFailed,
+    TrainJobNotFound,
+    WaitTimeout,
+)
+from trainflow.core.kube import diagnostics, retry
+from trainflow.core.kube.apierrors import reraise
+from trainflow.core.kube.client import KubeApi, iter_lines
+from trainflow.core.kube.config import async_configuration, load_cluster_config, new_api_client
+from trainflow.core.kube.logs import LogReader, step_target
+from trainflow.core.kube.reportlog import last_report
+from trainflow.core.kube.shared_watch import registry
+from trainflow.core.kube.watch import WatchStats, watch_until
+from trainflow.core.manifest import build_trainjob
+from trainflow.core.naming import KEY_LABEL, MANAGED_BY_LABEL
+from trainflow.core.request import TrainJobRequest
+from trainflow.core.result import JobRef, JobState, TrainJobResult, result_from_trainjob
+from trainflow.core.runtimes import Runtime
+from trainflow.core.validation import immutable_differences, parse_request
+
+log = logging.getLogger(__name__)
+
+IDENTITY_LABELS = (KEY_LABEL, MANAGED_BY_LABEL)
+CREATE_ATTEMPTS = 3
+
+
+def _selector(labels: Mapping[str, str] | None) -> str | None:
+    return ",".join(f"{k}={v}" for k, v in labels.items()) if labels else None
+
+
+class KubernetesBackend:
+    """TrainJobs on a Kubernetes cluster running Kubeflow Trainer v2 (``trainer.kubeflow.org/v1alpha1``).
+
+    Config: ``kubeconfig``, ``context``, ``in_cluster``, ``config_dict`` (inline kubeconfig), ``namespace``;
+    ``submit_timeout``: how long a job may stay without JobSet/pods before creation-failure events are
+    reported; ``log_tail_lines``: how much of rank 0's log is scanned for metrics at completion.
+    """
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        *,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        in_cluster: bool | None = None,
+        config_dict: Mapping[str, Any] | None = None,
+        namespace: str | None = None,
+        submit_timeout: float = 300.0,
+        log_tail_lines: int = 200,
+        retry_policy: retry.RetryPolicy = retry.DEFAULT_POLICY,
+    ) -> None:
+        self.cluster = load_cluster_config(
+            kubeconfig=kubeconfig,
+            context=context,
+            in_cluster=in_cluster,
+            config_dict=config_dict,
+            namespace=namespace,
+        )
+        self.namespace = self.cluster.namespace
+        self.api_client = new_api_client(self.cluster)
+        self.api = KubeApi(self.api_client, retry_policy)
+        self.submit_timeout = submit_timeout
+        self.log_tail_lines = log_tail_lines
+        self.last_wait_stats: WatchStats | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------------
+    def close(self) -> None:
+        self.api_client.close()
+
+    def __enter__(self) -> KubernetesBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"KubernetesBackend(server={self.cluster.server!r}, namespace={self.namespace!r})"
+
+    def _ref(self, ref: JobRef | str) -> JobRef:
+        return as_ref(ref, self.namespace)
+
+    # --- runtimes -------------------------------------------------------------------------------------
+    def runtimes(self) -> list[Runtime]:
+        try:
+            objs = self.api.list_cluster_runtimes()
+        except Exception as exc:
+            raise reraise(exc, "list", "clustertrainingruntimes", self.namespace) from exc
+        try:
+            objs += self.api.list_runtimes(self.namespace)
+        except Exception as exc:
+            if retry.status_of(exc) not in (403, 404):  # no permission / CRD absent: cluster runtimes only
+                raise reraise(exc, "list", "trainingruntimes", self.namespace) from exc
+        return [Runtime.from_object(o) for o in objs]
+
+    def get_runtime(
+        self, name: str, kind: str = "ClusterTrainingRuntime", namespace: str | None = None
+    ) -> Runtime:
+        ns = namespace or self.namespace
+        try:
+            return Runtime.from_object(self.api.get_runtime(name, kind, ns))
+        except Exception as exc:
+            if retry.status_of(exc) == 404:
+                try:
+                    available = [r.name for r in self.runtimes() if r.kind == kind]
+                except Exception:
+                    available = []
+                raise RuntimeNotFound(name, kind, available) from exc
+            plural = "trainingruntimes" if kind == "TrainingRuntime" else "clustertrainingruntimes"
+            raise reraise(exc, "get", plural, ns, name) from exc
+
+    def render(self, request: TrainJobRequest | dict[str, Any]) -> dict[str, Any]:
+        req = parse_request(request)
+        runtime = self.get_runtime(req.runtime, req.runtime_kind, req.namespace or self.namespace)
+        return build_trainjob(req, runtime, namespace=self.namespace)
+
+    # --- submit ---------------------------------------------------------------------------------------
+    def validate_remote(self, request: TrainJobRequest | dict[str, Any]) -> dict[str, Any]:
+        """Server-side dry-run create (CRD schema, CEL, admission webhooks); returns the defaulted object."""
+        manifest = self.render(request)
+        ns = str(manifest["metadata"].get("namespace") or self.namespace)
+        try:
+            return self.api.create_trainjob(ns, manifest, dry_run=True)
+        except Exception as exc:
+            if retry.status_of(exc) == 409:
+                return manifest  # exists already: the create itself will adopt or refuse it
+            raise reraise(exc, "create", "trainjobs", ns, manifest["metadata"]["name"]) from exc
+
+    def submit(self, request: TrainJobRequest | dict[str, Any], *, dry_run: bool = False) -> JobRef:
+        """Create the TrainJob (after a server-side dry-run when ``dry_run``); adopt our own on AlreadyExists."""
+        manifest = self.render(request)
+        ns = str(manifest["metadata"].get("namespace") or self.namespace)
+        name = str(manifest["metadata"]["name"])
+        if dry_run:
+            self.validate_remote(request)
+        obj = self.create_or_adopt(ns, manifest)
+        meta = obj.get("metadata") or {}
+        return JobRef(name=name, namespace=ns, uid=meta.get("uid"))
+
+    def create_or_adopt(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        """POST once; after AlreadyExists or a lost answer, look at what exists before doing anything else."""
+        name = str(manifest["metadata"]["name"])
+        for attempt in range(1, CREATE_ATTEMPTS + 1):
+            try:
+                return self.api.create_trainjob(namespace, manifest)
+            except Exception as exc:
+                status = retry.status_of(exc)
+                if status == 409:
+                    existing = self._get_raw(namespace, name)
+                    if existing is None:
+                        continue  # deleted between our POST and GET: try again
+                    return self.adopt(existing, manifest)
+                if status is None and retry.is_connection_error(exc):
+                    # the POST may or may not have happened: the deterministic name tells us
+                    log.warning(
+                        "create of TrainJob %s/%s lost its answer (%r); checking", namespace, name, exc
+                    )
+                    existing = self._get_raw(namespace, name)
+                    if existing is not None:
+                        return self.adopt(existing, manifest)
+                    if attempt < CREATE_ATTEMPTS:
+                        time.sleep(retry.backoff(attempt))
+                        continue
+                raise reraise(exc, "create", "trainjobs", namespace, name) from exc
+        raise BackendError(f"could not create TrainJob {namespace}/{name} after {CREATE_ATTEMPTS} attempts")
+
+    def adopt(self, existing: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
+        """Return ``existing`` if it is the TrainJob this manifest describes, else raise TrainJobConflict."""
+        meta = existing.get("metadata") or {}
+        name = f"{meta.get('namespace')}/{meta.get('name')}"
+        have = meta.get("labels") or {}
+        want = (manifest.get("metadata") or {}).get("labels") or {}
+        label_diffs = [k for k in IDENTITY_LABELS if k in want and have.get(k) != want[k]]
+        field_diffs = immutable_differences(existing, manifest)
+        if meta.get("deletionTimestamp"):
+            raise TrainJobConflict(f"TrainJob {name} exists but is being deleted; retry once it is gone")
+        if label_diffs or field_diffs:
+            parts = []
+            if label_diffs:
+                parts.append(
+                    "identity labels differ: "
+                    + ", ".join(f"{k}={have.get(k)!r} (wanted {want[k]!r})" for k in label_diffs)
+                )
+            if field_diffs:
+                parts.append("immutable fields differ: " + ", ".join(field_diffs))
+            raise TrainJobConflict(
+                f"TrainJob {name} already exists and is not this request's ({'; '.join(parts)}); "
+                "use another name or idempotency_key, or delete the existing TrainJob"
+            )
+        log.info("adopted existing TrainJob %s", name)
+        return existing
+
+    # --- reads ----------------------------------------------------------------------------------------
+    def _get_raw(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.api.get_trainjob(namespace, name)
+        except Exception as exc:
+            if retry.status_of(exc) == 404:
+                return None
+            raise reraise(exc, "get", "trainjobs", namespace, name) from exc
+
+    def get(self, ref: JobRef | str) -> TrainJobResult:
+        r = self._ref(ref)
+        obj = self._get_raw(r.namespace, r.name)
+        if obj is None:
+            raise TrainJobNotFound(r.namespace, r.name)
+        return result_from_trainjob(obj)
+
+    # --- wait -----------------------------------------------------------------------------------------
+    def _tracker(self, on_update: UpdateCallback | None) -> Any:
+        last: list[tuple[Any, ...]] = []
+
+        def observe(obj: dict[str, Any]) -> TrainJobResult:
+            result = result_from_trainjob(obj)
+            key = (result.state, result.reason, result.progress, tuple(sorted(result.metrics.items())))
+            if on_update is not None and (not last or last[0] != key):
+                on_update(result)
+            last[:] = [key]
+            return result
+
+        return observe
+
+    def _creation_stuck(self, obj: dict[str, Any], checked: list[float]) -> Diagnostics | None:
+        """After ``submit_timeout`` without JobSet progress: creation-failure events, if any (checked rarely)."""
+        result = result_from_trainjob(obj)
+        status = obj.get("status") or {}
+        if result.state is not JobState.CREATED or status.get("jobsStatus"):
+            return None
+        created = result.created_at.timestamp() if result.created_at else time.time()
+        now = time.time()
+        if now - created < self.submit_timeout or (checked and now - checked[0] < 30):
+            return None
+        checked[:] = [now]
+        return self._creation_diagnostics(result.namespace, result.name)
+
+    def _creation_diagnostics(self, namespace: str, name: str) -> Diagnostics | None:
+        try:
+            events = diagnostics.trainjob_events(self.api, namespace, name)
+        except Exception:
+            return None
+        if not diagnostics.has_creation_failure(events):
+            return None
+        return Diagnostics(events=diagnostics.event_lines(events, {name}))
+
+    def _timeout(
+        self, ref: JobRef, obj: dict[str, Any] | None, waited: float, diag: Diagnostics | None
+    ) -> WaitTimeout:
+        state = result_from_trainjob(obj).state.value if obj else "unknown"
+        if diag is None and obj is not None and state in (JobState.CREATED.value, JobState.QUEUED.value):
+            diag = self._creation_diagnostics(ref.namespace, ref.name)
+        return WaitTimeout(ref.namespace, ref.name, state, waited, diagnostics=diag)
+
+    def wait(
+        self,
+        ref: JobRef | str,
+        timeout: float | None = None,
+        *,
+        deadline: float | None = None,
+        raise_on_failure: bool = True,
+        on_update: UpdateCallback | None = None,
+        resource_version: str | None = None,
+    ) -> TrainJobResult:
+        """Watch until Complete/Failed or the absolute deadline (WaitTimeout; the job keeps running)."""
+        r = self._ref(ref)
+        started = time.time()
+        dl = resolve_deadline(timeout, deadline)
+        observe = self._tracker(on_update)
+        checked: list[float] = []
+        stuck: list[Diagnostics] = []
+
+        def done(obj: dict[str, Any]) -> bool:
+            if observe(obj).state.terminal:
+                return True
+            diag = self._creation_stuck(obj, checked)
+            if diag is not None:
+                stuck.append(diag)
+                return True
+            return False
+
+        stats = WatchStats()
+        self.last_wait_stats = stats
+        window = max(5.0, min(300.0, self.submit_timeout / 4))
+        try:
+            obj, finished = watch_until(
+                self.api,
+                r.namespace,
+                r.name,
+                deadline=dl,
+                done=done,
+                window=window,
+                resource_version=resource_version,
+                stats=stats,
+            )
+        except (TrainJobNotFound, BackendError):
+            raise
+        except Exception as exc:
+            raise reraise(exc, "watch", "trainjobs", r.namespace, r.name) from exc
+        if stuck or not finished:
+            raise self._timeout(r, obj, time.time() - started, stuck[0] if stuck else None)
+        assert obj is not None
+        return self.finish(obj, raise_on_failure=raise_on_failure)
+
+    def finish(self, obj: dict[str, Any], *, raise_on_failure: bool = True) -> TrainJobResult:
+        """Terminal object -> result (metrics from rank 0's log if status has none); raise on Failed."""
+        result = result_from_trainjob(obj)
+        if result.state is JobState.COMPLETE and not result.metrics:
+            metrics, progress = self.metrics_from_log(obj)
+            if metrics or progress is not None:
+                result = result.model_copy(
+                    update={
+                        "metrics": metrics,
+                        "progress": progress if progress is not None else result.progress,
+                    }
+                )
+        if result.state is JobState.FAILED:
+            diag = diagnostics.collect(self.api, result.namespace, result.name)
+            if raise_on_failure:
+                raise TrainJobFailed(result, diag)
+        return result
+
+    def metrics_from_log(self, obj: dict[str, Any]) -> tuple[dict[str, float | str], int | None]:
+        """Best effort: the last TRAINFLOW_REPORT line in the tail of rank 0's log."""
+        meta = obj.get("metadata") or {}
+        name, ns = str(meta.get("name")), str(meta.get("namespace") or self.namespace)
+        try:
+            reader = LogReader(self.api, ns, step_target(name, "node-0", self._runtime_of(obj)))
+            pod = reader.find_pod()
+            if pod is None:
+                return {}, None
+            resp = self.api.pod_log(
+                ns,
+                str(pod["metadata"]["name"]),
+                reader.target.container,
+                tail_lines=self.log_tail_lines,
+                limit_bytes=1 << 20,
+            )
+            try:
+                lines = [raw.decode("utf-8", "replace") for raw in iter_lines(resp)]
+            finally:
+                resp.release_conn()
+            return last_report(lines)
+        except Exception as exc:
+            log.debug("no metrics from the log of %s/%s: %r", ns, name, exc)
+            return {}, None
+
+    def _runtime_of(self, obj: Mapping[str, Any]) -> Runtime | None:
+        ref = (obj.get("spec") or {}).get("runtimeRef") or {}
+        ns = (obj.get("metadata") or {}).get("namespace") or self.namespace
+        try:
+            return self.get_runtime(
+                str(ref.get("name")), str(ref.get("kind") or "ClusterTrainingRuntime"), ns
+            )
+        except Exception:
+            return None
+
+    async def wait_async(
+        self,
+        ref: JobRef | str,
+        timeout: float | None = None,
+        *,
+        deadline: float | None = None,
+        raise_on_failure: bool = True,
+        on_update: UpdateCallback | None = None,
+    ) -> TrainJobResult:
+        """``wait`` for event loops: every waiter of this loop shares one watch per (server, namespace)."""
+        r = self._ref(ref)
+        started = time.time()
+        dl = resolve_deadline(timeout, deadline)
+        observe = self._tracker(on_update)
+        reg = registry()
+        key = (self.cluster.server, r.namespace)
+        checked: list[float] = []
+        obj: dict[str, Any] | None = None
+        async with reg.subscribe(key, lambda: async_configuration(self.cluster), r.name) as box:
+            while True:
+                remaining = None if dl is None else dl - time.time()
+                if remaining is not None and remaining <= 0:
+                    break
+                window = max(5.0, min(300.0, self.submit_timeout / 4))
+                update = await reg.next_update(
+                    key, box, window if remaining is None else min(window, remaining)
+                )
+                if update is not None:
+                    new_obj, deleted = update
+                    if new_obj is not None:
+                        obj = new_obj
+                        if observe(obj).state.terminal:
+                            break
+                    if deleted:
+                        raise TrainJobNotFound(r.namespace, r.name)
+                if obj is not None:
+                    diag = await asyncio.to_thread(self._creation_stuck, obj, checked)
+                    if diag is not None:
+                        raise self._timeout(r, obj, time.time() - started, diag)
+        if obj is None or not result_from_trainjob(obj).state.terminal:
+            raise await asyncio.to_thread(self._timeout, r, obj, time.time() - started, None)
+        return await asyncio.to_thread(self.finish, obj, raise_on_failure=raise_on_failure)
+
+    # --- logs, cancel, suspend ------------------------------------------------------------------------
+    def logs(
+        self,
+        ref: JobRef | str,
+        *,
+        follow: bool = False,
+        step: str = "node-0",
+        tail_lines: int | None = None,
+        pod_wait: float = 120.0,
+    ) -> Iterator[str]:
+        r = self._ref(ref)
+        obj = self._get_raw(r.namespace, r.name)
+        if obj is None:
+            raise TrainJobNotFound(r.namespace, r.name)
+        reader = LogReader(
+            self.api, r.namespace, step_target(r.name, step, self._runtime_of(obj)), pod_wait=pod_wait
+        )
+        return reader.follow(tail_lines) if follow else reader.read(tail_lines)
+
+    def cancel(self, ref: JobRef | str) -> bool:
+        """Delete the TrainJob (foreground: its JobSet and pods go first). False when it was already gone."""
+        r = self._ref(ref)
+        try:
+            self.api.delete_trainjob(r.namespace, r.name, "Foreground")
+        except Exception as exc:
+            if retry.status_of(exc) == 404:
+                return False
+            raise reraise(exc, "delete", "trainjobs", r.namespace, r.name) from exc
+        return True
+
+    def _set_suspend(self, ref: JobRef | str, value: bool) -> TrainJobResult:
+        r = self._ref(ref)
+        try:
+            obj = self.api.patch_trainjob(r.namespace, r.name, {"spec": {"suspend": value}})
+        except Exception as exc:
+            raise reraise(exc, "patch", "trainjobs", r.namespace, r.name) from exc
+        return result_from_trainjob(obj)
+
+    def suspend(self, ref: JobRef | str) -> TrainJobResult:
+        return self._set_suspend(ref, True)
+
+    def resume(self, ref: JobRef | str) -> TrainJobResult:
+        return self._set_suspend(ref, False)
+
+    # last, so that ``list`` in the annotations above is the builtin
+    def list(self, labels: Mapping[str, str] | None = None) -> list[TrainJobResult]:
+        """TrainJobs in this backend's namespace, optionally filtered by labels."""
+        try:
+            listed = self.api.list_trainjobs(self.namespace, label_selector=_selector(labels))
+        except Exception as exc:
+            raise reraise(exc, "list", "trainjobs", self.namespace) from exc
+        return [result_from_trainjob(o) for o in listed.get("items") or []]

@@ -1,0 +1,163 @@
+"""Why a TrainJob failed or is stuck, from its pods and Warning events (bounded: a few API calls, short text)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from trainflow.core.errors import Diagnostics
+
+log = logging.getLogger(__name__)
+
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+CREATION_FAILED_REASON = "TrainJobResourcesCreationFailed"
+
+WAITING_REASONS = frozenset(
+    {
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "CrashLoopBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "InvalidImageName",
+        "RunContainerError",
+    }
+)
+MAX_TEXT = 300
+MAX_LINES = 20
+
+
+def _short(text: Any, limit: int = MAX_TEXT) -> str:
+    s = " ".join(str(text or "").split())
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def _statuses(pod: Mapping[str, Any]) -> Iterable[tuple[str, Mapping[str, Any]]]:
+    status = pod.get("status") or {}
+    for key, kind in (("initContainerStatuses", "init container"), ("containerStatuses", "container")):
+        for cs in status.get(key) or []:
+            if isinstance(cs, Mapping):
+                yield kind, cs
+
+
+def pod_label(pod: Mapping[str, Any], key: str) -> str | None:
+    value = ((pod.get("metadata") or {}).get("labels") or {}).get(key)
+    return str(value) if value is not None else None
+
+
+def pod_problems(pods: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """(problem lines, failed containers) from pod dicts as the API returns them (camelCase)."""
+    problems: list[str] = []
+    failed: list[dict[str, Any]] = []
+    for pod in pods:
+        name = str((pod.get("metadata") or {}).get("name", "?"))
+        status = pod.get("status") or {}
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and str(cond.get("status")) == "False":
+                problems.append(
+                    f"pod {name}: not scheduled ({cond.get('reason') or 'Unschedulable'}): {_short(cond.get('message'))}"
+                )
+        for kind, cs in _statuses(pod):
+            cname = cs.get("name", "?")
+            state = cs.get("state") or {}
+            waiting = state.get("waiting") or {}
+            if waiting.get("reason") in WAITING_REASONS:
+                problems.append(
+                    f"pod {name} {kind} {cname}: {waiting['reason']}: {_short(waiting.get('message'))}"
+                )
+            terminated = state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
+            code = terminated.get("exitCode")
+            if terminated and (code not in (0, None) or terminated.get("reason") == "OOMKilled"):
+                entry: dict[str, Any] = {
+                    "pod": name,
+                    "container": cname,
+                    "exit_code": code,
+                    "reason": terminated.get("reason") or "Error",
+                }
+                rank = pod_label(pod, COMPLETION_INDEX_LABEL)
+                if rank is not None:
+                    entry["rank"] = rank
+                job = pod_label(pod, REPLICATED_JOB_LABEL)
+                if job is not None:
+                    entry["step"] = job
+                if terminated.get("message"):
+                    entry["message"] = _short(terminated["message"])
+                failed.append(entry)
+                if terminated.get("reason") == "OOMKilled":
+                    problems.append(
+                        f"pod {name} {kind} {cname}: OOMKilled (exit code {code}); raise the memory limit"
+                    )
+        if status.get("phase") == "Failed" and status.get("reason"):
+            problems.append(f"pod {name}: {status['reason']}: {_short(status.get('message'))}")
+    return problems[:MAX_LINES], failed[:MAX_LINES]
+
+
+def event_lines(events: Iterable[Mapping[str, Any]], names: set[str] | None = None) -> list[str]:
+    """Warning events (newest last) as ``Kind/name Reason: message`` lines, deduplicated and bounded."""
+    rows: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for ev in events:
+        if ev.get("type") != "Warning":
+            continue
+        obj = ev.get("involvedObject") or ev.get("regarding") or {}
+        if names is not None and obj.get("name") not in names:
+            continue
+        when = str(ev.get("lastTimestamp") or ev.get("eventTime") or ev.get("firstTimestamp") or "")
+        line = f"{obj.get('kind', '?')}/{obj.get('name', '?')} {ev.get('reason')}: {_short(ev.get('message') or ev.get('note'))}"
+        count = ev.get("count")
+        if isinstance(count, int) and count > 1:
+            line += f" (x{count})"
+        if line not in seen:
+            seen.add(line)
+            rows.append((when, line))
+    rows.sort(key=lambda r: r[0])
+    return [line for _, line in rows][-MAX_LINES:]
+
+
+def has_creation_failure(events: Iterable[Mapping[str, Any]]) -> bool:
+    return any(ev.get("type") == "Warning" and ev.get("reason") == CREATION_FAILED_REASON for ev in events)
+
+
+def trainjob_events(api: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = api.list_events(
+        namespace, f"involvedObject.kind=TrainJob,involvedObject.name={name}"
+    )
+    return events
+
+
+def collect(
+    api: Any, namespace: str, name: str, *, log_container: str = "node", tail_lines: int = 20
+) -> Diagnostics:
+    """Diagnostics for one TrainJob: one pod list, two event lists, at most one log tail. Never raises."""
+    diag = Diagnostics()
+    pods: list[dict[str, Any]] = []
+    try:
+        pods = api.list_pods(namespace, f"{JOBSET_NAME_LABEL}={name}")
+        diag.pod_problems, diag.failed_ranks = pod_problems(pods)
+    except Exception as exc:  # diagnostics are best effort
+        log.debug("listing pods of %s/%s failed: %r", namespace, name, exc)
+    try:
+        events = trainjob_events(api, namespace, name)
+        pod_names = {str((p.get("metadata") or {}).get("name")) for p in pods}
+        if pod_names:
+            events += api.list_events(namespace, "involvedObject.kind=Pod,type=Warning")
+        diag.events = event_lines(events, {name, *pod_names})
+    except Exception as exc:
+        log.debug("listing events of %s/%s failed: %r", namespace, name, exc)
+    for failed in diag.failed_ranks:
+        if failed.get("container") != log_container:
+            continue
+        try:
+            resp = api.pod_log(
+                namespace, failed["pod"], log_container, tail_lines=tail_lines, limit_bytes=16384
+            )
+            data = resp.read()
+            text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+            diag.log_tail = "\n".join(text.splitlines()[-tail_lines:])
+        except Exception as exc:
+            log.debug("log tail of %s failed: %r", failed["pod"], exc)
+        break
+    return diag

@@ -1,0 +1,42 @@
+"""Metrics/progress from rank 0's log: the last ``TRAINFLOW_REPORT {json}`` line printed by trainflow.core.report."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from trainflow.core.result import metric_value
+
+REPORT_PREFIX = "TRAINFLOW_REPORT "
+
+
+def parse_report_line(line: str) -> dict[str, Any] | None:
+    """The JSON object of one report line (prefix anywhere, e.g. after a timestamp), or None."""
+    at = line.find(REPORT_PREFIX)
+    if at < 0:
+        return None
+    try:
+        data = json.loads(line[at + len(REPORT_PREFIX) :].strip())
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def last_report(lines: Iterable[str]) -> tuple[dict[str, float | str], int | None]:
+    """(metrics, progress) from the last valid report line; later lines win, metrics merge over reports."""
+    metrics: dict[str, float | str] = {}
+    progress: int | None = None
+    for line in lines:
+        data = parse_report_line(line)
+        if data is None:
+            continue
+        raw = data.get("metrics")
+        if isinstance(raw, dict):
+            for key, value in raw.items():
+                if value is not None:
+                    metrics[str(key)] = metric_value(value)
+        p = data.get("progress")
+        if isinstance(p, int | float) and not isinstance(p, bool) and 0 <= p <= 100:
+            progress = int(p)
+    return metrics, progress

@@ -1,0 +1,326 @@
+"""One namespace-wide TrainJob watch per (API server, namespace) per event loop, shared by every async waiter.
+
+A ``NamespaceWatch`` task lists the namespace's TrainJobs, watches from that resourceVersion, re-lists on
+410 Gone and reconnects with backoff on drops; each event goes to the waiters of that TrainJob's name. The
+task stops (and closes its connection) when its last waiter leaves. Waiting on a thousand jobs costs one
+watch connection. Registries are per event loop (aiohttp sessions cannot cross loops).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import weakref
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainflow.core.errors import BackendError, TrainJobNotFound
+from trainflow.core.kube import retry
+from trainflow.core.kube.apierrors import server_message
+from trainflow.core.kube.client import PLURAL
+from trainflow.core.runtimes import GROUP, VERSION
+
+log = logging.getLogger(__name__)
+
+WatchKey = tuple[str, str]  # (server URL, namespace)
+ConfigFactory = Callable[[], Any]  # -> kubernetes_asyncio Configuration
+
+WINDOW = 300
+GRACE = 5.0  # how long a waiter whose job is not in the cache waits for its ADDED event before a GET
+
+
+@dataclass
+class SharedWatchStats:
+    lists: int = 0
+    watches: int = 0
+    relists_410: int = 0
+    reconnects: int = 0
+    events: int = 0
+    gets: int = 0
+
+
+class Mailbox:
+    """Latest news for one waiter: the newest object, and whether the job was deleted; never grows."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.obj: dict[str, Any] | None = None
+        self.deleted = False
+        self.error: BaseException | None = None
+        self.changed = asyncio.Event()
+        self.version = 0
+        self.consumed = 0
+
+    def put(self, obj: dict[str, Any]) -> None:
+        self.obj, self.deleted = obj, False
+        self.version += 1
+        self.changed.set()
+
+    def put_deleted(self) -> None:
+        self.deleted = True
+        self.version += 1
+        self.changed.set()
+
+    def put_error(self, exc: BaseException) -> None:
+        self.error = exc
+        self.changed.set()
+
+
+@dataclass
+class NamespaceWatch:
+    """The shared watch task of one (server, namespace) in one event loop."""
+
+    key: WatchKey
+    config_factory: ConfigFactory
+    mailboxes: dict[str, set[Mailbox]] = field(default_factory=dict)
+    objects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stats: SharedWatchStats = field(default_factory=SharedWatchStats)
+    synced: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    api_client: Any = None
+
+    @property
+    def namespace(self) -> str:
+        return self.key[1]
+
+    @property
+    def waiter_count(self) -> int:
+        return sum(len(boxes) for boxes in self.mailboxes.values())
+
+    def _dispatch(self, name: str, obj: dict[str, Any] | None) -> None:
+        for box in self.mailboxes.get(name, ()):
+            if obj is None:
+                box.put_deleted()
+            else:
+                box.put(obj)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for boxes in self.mailboxes.values():
+            for box in boxes:
+                box.put_error(exc)
+
+    async def _list(self, custom: Any) -> str:
+        listed = await retry.acall(
+            custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL
+        )
+        self.stats.lists += 1
+        fresh = {str(i["metadata"]["name"]): i for i in listed.get("items") or []}
+        self.objects = fresh
+        for name in list(self.mailboxes):
+            self._dispatch(name, fresh.get(name))
+        self.synced.set()
+        return str((listed.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def _watch_once(self, custom: Any, rv: str) -> str | None:
+        """One watch request; returns the newest resourceVersion, or None when a re-list is needed."""
+        resp = await retry.acall(
+            custom.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURAL,
+            watch=True,
+            resource_version=rv,
+            timeout_seconds=WINDOW,
+            allow_watch_bookmarks=True,
+            _preload_content=False,
+            _request_timeout=WINDOW + 30,
+        )
+        self.stats.watches += 1
+        try:
+            if resp.status == 410:
+                return None
+            if not 200 <= resp.status <= 299:
+                body = await resp.text()
+                from kubernetes_asyncio.client.exceptions import ApiException
+
+                raise ApiException(status=resp.status, reason=f"{resp.reason}: {body[:500]}")
+            buf = b""
+            async for chunk in resp.content.iter_any():
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    kind = event.get("type")
+                    item = event.get("object") or {}
+                    if kind == "ERROR":
+                        if item.get("code") == 410:
+                            return None
+                        raise BackendError(
+                            f"TrainJob watch in {self.namespace!r} failed: {item.get('message')}"
+                        )
+                    meta = item.get("metadata") or {}
+                    if meta.get("resourceVersion"):
+                        rv = str(meta["resourceVersion"])
+                    if kind == "BOOKMARK":
+                        continue
+                    self.stats.events += 1
+                    name = str(meta.get("name"))
+                    if kind == "DELETED":
+                        self.objects.pop(name, None)
+                        self._dispatch(name, None)
+                    else:
+                        self.objects[name] = item
+                        self._dispatch(name, item)
+            return rv
+        finally:
+            resp.release()
+
+    async def run(self) -> None:
+        from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
+
+        failures = 0
+        async with ApiClient(configuration=self.config_factory()) as api_client:
+            self.api_client = api_client
+            custom = CustomObjectsApi(api_client)
+            rv: str | None = None
+            while True:
+                try:
+                    if rv is None:
+                        rv = await self._list(custom)
+                    new_rv = await self._watch_once(custom, rv)
+                    if new_rv is None:
+                        self.stats.relists_410 += 1
+                    rv = new_rv
+                    failures = 0
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    if not retry.is_retryable(exc) and not isinstance(exc, ValueError):
+                        log.warning("shared TrainJob watch %s stopped: %r", self.key, exc)
+                        self._fail_all(exc)
+                        return
+                    failures += 1
+                    self.stats.reconnects += 1
+                    log.debug("shared TrainJob watch %s dropped (%r); reconnecting", self.key, exc)
+                    await asyncio.sleep(retry.backoff(min(failures, 6)))
+
+    async def get(self, name: str) -> dict[str, Any] | None:
+        """One GET through the shared client (for a job not seen by the watch yet)."""
+        from kubernetes_asyncio.client import CustomObjectsApi
+
+        await self.synced.wait()
+        self.stats.gets += 1
+        try:
+            obj: dict[str, Any] = await retry.acall(
+                CustomObjectsApi(self.api_client).get_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                name,
+            )
+        except Exception as exc:
+            if retry.status_of(exc) == 404:
+                return None
+            raise
+        return obj
+
+
+class WatchRegistry:
+    """The shared watches of one event loop."""
+
+    def __init__(self) -> None:
+        self.watches: dict[WatchKey, NamespaceWatch] = {}
+        self.started = 0
+
+    @property
+    def active_watches(self) -> int:
+        return sum(1 for w in self.watches.values() if w.task is not None and not w.task.done())
+
+    def stats(self, key: WatchKey) -> SharedWatchStats | None:
+        watch = self.watches.get(key)
+        return watch.stats if watch else None
+
+    @contextlib.asynccontextmanager
+    async def subscribe(
+        self, key: WatchKey, config_factory: ConfigFactory, name: str
+    ) -> AsyncIterator[Mailbox]:
+        """Register a waiter for one TrainJob name; yields its Mailbox, pre-filled from the cache."""
+        watch = self.watches.get(key)
+        if watch is None or watch.task is None or watch.task.done():
+            watch = NamespaceWatch(key=key, config_factory=config_factory)
+            self.watches[key] = watch
+            watch.task = asyncio.get_running_loop().create_task(watch.run(), name=f"trainflow-watch-{key[1]}")
+            self.started += 1
+        box = Mailbox(name)
+        watch.mailboxes.setdefault(name, set()).add(box)
+        if watch.synced.is_set() and name in watch.objects:
+            box.put(watch.objects[name])
+        try:
+            yield box
+        finally:
+            boxes = watch.mailboxes.get(name)
+            if boxes is not None:
+                boxes.discard(box)
+                if not boxes:
+                    del watch.mailboxes[name]
+            if not watch.mailboxes and watch.task is not None:
+                task = watch.task
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+                if self.watches.get(key) is watch:
+                    del self.watches[key]
+
+    async def next_update(
+        self, key: WatchKey, box: Mailbox, timeout: float | None
+    ) -> tuple[dict[str, Any] | None, bool] | None:
+        """Wait for news about the job: (newest object or None, deleted?); None when ``timeout`` passes.
+
+        Raises TrainJobNotFound when the job never existed, or the shared watch's fatal error.
+        """
+        loop = asyncio.get_running_loop()
+        end = None if timeout is None else loop.time() + timeout
+        if box.version == 0 and box.error is None:
+            # not in the cache yet: give the watch a moment to deliver ADDED, then ask the server once
+            grace = GRACE if timeout is None else min(GRACE, timeout)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(box.changed.wait(), grace)
+            if box.version == 0 and box.error is None:
+                watch = self.watches.get(key)
+                if watch is None:
+                    raise BackendError("the shared TrainJob watch stopped")
+                obj = await watch.get(box.name)
+                if box.version == 0:
+                    if obj is None:
+                        raise TrainJobNotFound(key[1], box.name)
+                    box.put(obj)
+        if box.version == box.consumed and box.error is None:
+            box.changed.clear()
+            remaining = None if end is None else max(0.0, end - loop.time())
+            try:
+                await asyncio.wait_for(box.changed.wait(), remaining)
+            except TimeoutError:
+                return None
+        box.changed.clear()
+        if box.error is not None:
+            exc = box.error
+            if retry.status_of(exc) is not None:
+                raise BackendError(f"TrainJob watch failed: {server_message(exc)}") from exc
+            raise exc
+        box.consumed = box.version
+        return box.obj, box.deleted
+
+
+_REGISTRIES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WatchRegistry] = weakref.WeakKeyDictionary()
+
+
+def registry() -> WatchRegistry:
+    """The registry of the running event loop (created on first use)."""
+    loop = asyncio.get_running_loop()
+    reg = _REGISTRIES.get(loop)
+    if reg is None:
+        reg = WatchRegistry()
+        _REGISTRIES[loop] = reg
+    return reg
+
+
+def active_watches() -> int:
+    """Shared watches running in the current event loop (benchmarks and tests read this)."""
+    return registry().active_watches

@@ -1,0 +1,209 @@
+"""Retry classification and the never-retry-a-create rule of the Kubernetes backend."""
+
+from __future__ import annotations
+
+import http.client
+import json
+
+import pytest
+import urllib3
+from kubernetes.client import ApiException
+
+from trainflow.core.errors import BackendError, TrainJobConflict
+from trainflow.core.kube import retry
+from trainflow.core.kube.backend import KubernetesBackend
+from trainflow.core.naming import KEY_LABEL, MANAGED_BY_LABEL
+
+
+def api_error(status: int, headers: dict[str, str] | None = None, body: dict | None = None) -> ApiException:
+    exc = ApiException(status=status, reason="x")
+    exc.headers = headers or {}
+    exc.body = json.dumps(body or {"kind": "Status", "message": f"status {status}"})
+    return exc
+
+
+@pytest.mark.parametrize("status", [429, 500, 502, 503, 504])
+def test_throttling_and_server_errors_are_retryable(status):
+    assert retry.is_retryable(api_error(status))
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 410, 422])
+def test_other_client_errors_are_not_retryable(status):
+    assert not retry.is_retryable(api_error(status))
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ConnectionResetError(104, "reset"),
+        ConnectionRefusedError(111, "refused"),
+        urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError()),
+        urllib3.exceptions.ReadTimeoutError(None, "/", "read timed out"),
+        urllib3.exceptions.NewConnectionError(None, "failed"),
+        http.client.RemoteDisconnected("gone"),
+        TimeoutError(),
+    ],
+)
+def test_connection_errors_are_retryable(exc):
+    assert retry.is_retryable(exc)
+
+
+def test_programming_errors_are_not_retryable():
+    assert not retry.is_retryable(KeyError("x"))
+    assert not retry.is_retryable(ValueError("x"))
+
+
+def test_retry_after_seconds_and_http_date():
+    assert retry.retry_after(api_error(429, {"Retry-After": "7"})) == 7.0
+    assert retry.retry_after(api_error(429, {"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})) == 0.0
+    assert retry.retry_after(api_error(429)) is None
+    assert retry.retry_after(api_error(500, {"Retry-After": "7"})) is None
+    policy = retry.RetryPolicy(max_retry_after=5)
+    assert retry.wait_seconds(api_error(429, {"Retry-After": "7"}), 1, policy) == 5.0
+
+
+def test_backoff_is_exponential_bounded_and_jittered():
+    policy = retry.RetryPolicy(initial=1.0, max_wait=8.0, jitter=0.5)
+    waits = [[retry.backoff(n, policy) for n in range(1, 7)] for _ in range(20)]
+    for row in waits:
+        assert 0.5 <= row[0] <= 1.0
+        assert 1.0 <= row[1] <= 2.0
+        assert all(w <= 8.0 for w in row)
+    assert len({round(row[0], 6) for row in waits}) > 1  # jitter
+
+
+def test_call_honours_retry_after_then_succeeds(monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr("time.sleep", lambda s: slept.append(s))
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise api_error(429, {"Retry-After": "3"})
+        if len(calls) == 2:
+            raise ConnectionResetError(104, "reset")
+        return "ok"
+
+    assert retry.call(flaky) == "ok"
+    assert len(calls) == 3
+    assert slept[0] == 3.0
+    assert 0 < slept[1] <= retry.DEFAULT_POLICY.max_wait
+
+
+def test_call_gives_up_after_bounded_attempts(monkeypatch):
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    calls = []
+
+    def down():
+        calls.append(1)
+        raise api_error(503)
+
+    with pytest.raises(ApiException):
+        retry.call(down, policy=retry.RetryPolicy(attempts=4))
+    assert len(calls) == 4
+
+
+@pytest.mark.parametrize("status", [403, 404, 409, 422])
+def test_call_does_not_retry_other_4xx(status, monkeypatch):
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    calls = []
+
+    def bad():
+        calls.append(1)
+        raise api_error(status)
+
+    with pytest.raises(ApiException):
+        retry.call(bad)
+    assert calls == [1]
+
+
+async def test_acall_retries_coroutines(monkeypatch):
+    calls = []
+
+    async def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise api_error(502)
+        return 42
+
+    assert await retry.acall(flaky, policy=retry.RetryPolicy(initial=0.01, max_wait=0.02)) == 42
+    assert len(calls) == 3
+
+
+# --- create is never retried blindly ---------------------------------------------------------------
+
+
+class FakeApi:
+    def __init__(self, create_errors, existing=None):
+        self.create_errors = list(create_errors)
+        self.existing = existing
+        self.creates = 0
+        self.gets = 0
+
+    def create_trainjob(self, namespace, body, *, dry_run=False):
+        self.creates += 1
+        if self.create_errors:
+            raise self.create_errors.pop(0)
+        self.existing = {**body, "metadata": {**body["metadata"], "uid": "u-1"}}
+        return self.existing
+
+    def get_trainjob(self, namespace, name):
+        self.gets += 1
+        if self.existing is None:
+            raise api_error(404)
+        return self.existing
+
+
+def manifest(key="k1"):
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "job-a", "namespace": "ns", "labels": {MANAGED_BY_LABEL: "trainflow", KEY_LABEL: key}},
+        "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": {"image": "img:1"}},
+    }
+
+
+def backend_with(api) -> KubernetesBackend:
+    backend = object.__new__(KubernetesBackend)
+    backend.api = api
+    backend.namespace = "ns"
+    return backend
+
+
+def test_create_server_error_is_not_retried(monkeypatch):
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    api = FakeApi([api_error(503)])
+    with pytest.raises(BackendError, match="503"):
+        backend_with(api).create_or_adopt("ns", manifest())
+    assert api.creates == 1
+
+
+def test_create_lost_answer_checks_by_name_and_adopts(monkeypatch):
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    api = FakeApi([urllib3.exceptions.ProtocolError("aborted", ConnectionResetError())])
+    api.existing = {**manifest(), "metadata": {**manifest()["metadata"], "uid": "u-0"}}  # the POST did land
+    obj = backend_with(api).create_or_adopt("ns", manifest())
+    assert obj["metadata"]["uid"] == "u-0"
+    assert (api.creates, api.gets) == (1, 1)
+
+
+def test_create_lost_before_reaching_server_creates_again_after_get(monkeypatch):
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    api = FakeApi([ConnectionRefusedError(111, "refused")])
+    obj = backend_with(api).create_or_adopt("ns", manifest())
+    assert obj["metadata"]["uid"] == "u-1"
+    assert (api.creates, api.gets) == (2, 1)
+
+
+def test_already_exists_adopts_same_identity_and_refuses_other():
+    api = FakeApi([api_error(409)], existing={**manifest(), "metadata": {**manifest()["metadata"], "uid": "u-0"}})
+    assert backend_with(api).create_or_adopt("ns", manifest())["metadata"]["uid"] == "u-0"
+    api = FakeApi([api_error(409)], existing=manifest(key="other"))
+    with pytest.raises(TrainJobConflict, match=KEY_LABEL):
+        backend_with(api).create_or_adopt("ns", manifest())
+    changed = manifest()
+    changed["spec"]["trainer"]["image"] = "img:2"
+    api = FakeApi([api_error(409)], existing=manifest())
+    with pytest.raises(TrainJobConflict, match=r"spec\.trainer"):
+        backend_with(api).create_or_adopt("ns", changed)
