@@ -33,7 +33,7 @@ from trainflow.core.errors import (
     TrainJobNotFound,
     WaitTimeout,
 )
-from trainflow.core.local import policies, store
+from trainflow.core.local import policies, store, supervisor
 from trainflow.core.manifest import build_trainjob
 from trainflow.core.naming import ATTEMPT_LABEL, KEY_LABEL, MANAGED_BY_LABEL
 from trainflow.core.request import TrainJobRequest
@@ -223,7 +223,7 @@ class LocalBackend:
         env = policies.base_env(dict(os.environ))
         with open(job.log("supervisor"), "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "trainflow.core.local.supervisor", str(job.root)],
+                [sys.executable, "-c", supervisor.BOOTSTRAP, str(job.root)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -299,7 +299,7 @@ class LocalBackend:
         obj = self._read(job, jref)
         diag = Diagnostics()
         nodes = store.read_json(job.nodes) or []
-        failed = [n for n in nodes if n.get("exit_code") not in (None, 0)]
+        failed = [n for n in nodes if n.get("exit_code") not in (None, 0) and not n.get("stopped")]
         for node in failed:
             entry = {
                 k: node[k] for k in ("node", "step", "exit_code", "signal", "pid") if node.get(k) is not None
