@@ -159,7 +159,11 @@ def manifest(key="k1"):
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
-        "metadata": {"name": "job-a", "namespace": "ns", "labels": {MANAGED_BY_LABEL: "trainflow", KEY_LABEL: key}},
+        "metadata": {
+            "name": "job-a",
+            "namespace": "ns",
+            "labels": {MANAGED_BY_LABEL: "trainflow", KEY_LABEL: key},
+        },
         "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": {"image": "img:1"}},
     }
 
@@ -197,7 +201,9 @@ def test_create_lost_before_reaching_server_creates_again_after_get(monkeypatch)
 
 
 def test_already_exists_adopts_same_identity_and_refuses_other():
-    api = FakeApi([api_error(409)], existing={**manifest(), "metadata": {**manifest()["metadata"], "uid": "u-0"}})
+    api = FakeApi(
+        [api_error(409)], existing={**manifest(), "metadata": {**manifest()["metadata"], "uid": "u-0"}}
+    )
     assert backend_with(api).create_or_adopt("ns", manifest())["metadata"]["uid"] == "u-0"
     api = FakeApi([api_error(409)], existing=manifest(key="other"))
     with pytest.raises(TrainJobConflict, match=KEY_LABEL):

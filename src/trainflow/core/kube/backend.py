@@ -22,7 +22,7 @@ from trainflow.core.kube import diagnostics, retry
 from trainflow.core.kube.apierrors import reraise
 from trainflow.core.kube.client import KubeApi, iter_lines
 from trainflow.core.kube.config import async_configuration, load_cluster_config, new_api_client
-from trainflow.core.kube.logs import LogReader, step_target
+from trainflow.core.kube.logs import LogReader, newest_pod, step_target
 from trainflow.core.kube.reportlog import last_report
 from trainflow.core.kube.shared_watch import registry
 from trainflow.core.kube.watch import WatchStats, watch_until
@@ -334,20 +334,23 @@ class KubernetesBackend:
         return result
 
     def metrics_from_log(self, obj: dict[str, Any]) -> tuple[dict[str, float | str], int | None]:
-        """Best effort: the last TRAINFLOW_REPORT line in the tail of rank 0's log."""
+        """Best effort: the last TRAINFLOW_REPORT line in the tail of rank 0's log (two API calls)."""
         meta = obj.get("metadata") or {}
         name, ns = str(meta.get("name")), str(meta.get("namespace") or self.namespace)
+        selector = (
+            f"{diagnostics.JOBSET_NAME_LABEL}={name},{diagnostics.REPLICATED_JOB_LABEL} in (launcher,node),"
+            f"{diagnostics.COMPLETION_INDEX_LABEL}=0"
+        )
         try:
-            reader = LogReader(self.api, ns, step_target(name, "node-0", self._runtime_of(obj)))
-            pod = reader.find_pod()
+            pods = self.api.list_pods(ns, selector, limit=10)
+            launcher = [
+                p for p in pods if diagnostics.pod_label(p, diagnostics.REPLICATED_JOB_LABEL) == "launcher"
+            ]
+            pod = newest_pod(launcher or pods)  # MPI: rank 0 is the launcher
             if pod is None:
                 return {}, None
             resp = self.api.pod_log(
-                ns,
-                str(pod["metadata"]["name"]),
-                reader.target.container,
-                tail_lines=self.log_tail_lines,
-                limit_bytes=1 << 20,
+                ns, str(pod["metadata"]["name"]), "node", tail_lines=self.log_tail_lines, limit_bytes=1 << 20
             )
             try:
                 lines = [raw.decode("utf-8", "replace") for raw in iter_lines(resp)]

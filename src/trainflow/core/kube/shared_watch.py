@@ -175,6 +175,7 @@ class NamespaceWatch:
         from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 
         failures = 0
+        gone_in_a_row = 0
         async with ApiClient(configuration=self.config_factory()) as api_client:
             self.api_client = api_client
             custom = CustomObjectsApi(api_client)
@@ -186,6 +187,11 @@ class NamespaceWatch:
                     new_rv = await self._watch_once(custom, rv)
                     if new_rv is None:
                         self.stats.relists_410 += 1
+                        gone_in_a_row += 1
+                        if gone_in_a_row > 1:  # a server that keeps answering 410: do not spin
+                            await asyncio.sleep(retry.backoff(min(gone_in_a_row, 6)))
+                    else:
+                        gone_in_a_row = 0
                     rv = new_rv
                     failures = 0
                 except asyncio.CancelledError:

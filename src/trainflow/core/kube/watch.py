@@ -65,8 +65,11 @@ def watch_until(
     obj: dict[str, Any] | None = None
     rv = resource_version
     drops = 0
+    gone_streak = 0
     while True:
         if rv is None:
+            if gone_streak > 1:  # a server that keeps answering 410: do not spin
+                time.sleep(min(retry.backoff(gone_streak), max(0.0, (deadline or math.inf) - time.time())))
             listed = api.list_trainjobs(namespace, field_selector=name_selector(name))
             stats.lists += 1
             items = listed.get("items") or []
@@ -85,6 +88,7 @@ def watch_until(
         except Exception as exc:
             if is_gone(exc):
                 stats.relists_410 += 1
+                gone_streak += 1
                 rv = None
                 continue
             raise
@@ -106,7 +110,7 @@ def watch_until(
                 if kind == "BOOKMARK":
                     continue
                 stats.events += 1
-                drops = 0
+                drops = gone_streak = 0
                 if meta.get("name") != name:
                     continue
                 if kind == "DELETED":
@@ -116,6 +120,7 @@ def watch_until(
                     return obj, True
         except Gone:
             stats.relists_410 += 1
+            gone_streak += 1
             rv = None
             continue
         except (TrainJobNotFound, BackendError):

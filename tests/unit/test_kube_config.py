@@ -1,0 +1,87 @@
+"""Namespace discovery and private client configuration of the Kubernetes backend."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from kubernetes import client as k8s_client
+
+from trainflow.core.errors import BackendError
+from trainflow.core.kube.config import context_namespace, discover_namespace, load_cluster_config
+
+
+def kubeconfig(server: str, contexts: dict[str, str | None], current: str | None) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": "t0ken"}}],
+        "contexts": [
+            {"name": n, "context": {"cluster": "c", "user": "u", **({"namespace": ns} if ns else {})}}
+            for n, ns in contexts.items()
+        ],
+        **({"current-context": current} if current else {}),
+    }
+
+
+def test_discover_namespace_order(tmp_path):
+    sa = tmp_path / "namespace"
+    sa.write_text("from-sa\n")
+    assert discover_namespace("explicit", "ctx", sa) == "explicit"
+    assert discover_namespace(None, "ctx", sa) == "ctx"
+    assert discover_namespace(None, None, sa) == "from-sa"
+    assert discover_namespace(None, None, tmp_path / "missing") == "default"
+    sa.write_text("  \n")
+    assert discover_namespace(None, None, sa) == "default"
+
+
+def test_context_namespace_current_and_named():
+    doc = kubeconfig("https://127.0.0.1:1", {"a": "team-a", "b": None}, "a")
+    assert context_namespace([doc], None) == ("a", "team-a")
+    assert context_namespace([doc], "b") == ("b", None)
+    assert context_namespace([kubeconfig("https://x", {"a": "n"}, None)], None) == (None, None)
+
+
+def test_kubeconfig_file_context_namespace_and_private_config(tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    before = k8s_client.Configuration.get_default_copy().host
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(kubeconfig("https://127.0.0.1:6443", {"a": "team-a", "b": "team-b"}, "a")))
+    cc = load_cluster_config(kubeconfig=str(path))
+    assert (cc.server, cc.namespace, cc.context) == ("https://127.0.0.1:6443", "team-a", "a")
+    assert cc.configuration.api_key["authorization"] == "Bearer t0ken"
+    assert cc.configuration.retries is False  # tenacity is the only retry layer
+    assert load_cluster_config(kubeconfig=str(path), context="b").namespace == "team-b"
+    assert load_cluster_config(kubeconfig=str(path), context="b", namespace="x").namespace == "x"
+    # the process-wide default configuration is untouched
+    assert k8s_client.Configuration.get_default_copy().host == before
+
+
+def test_kubeconfig_env_with_several_files(tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    first, second = tmp_path / "one", tmp_path / "two"
+    first.write_text(yaml.safe_dump(kubeconfig("https://127.0.0.1:7001", {"one": None}, "one")))
+    second.write_text(yaml.safe_dump(kubeconfig("https://127.0.0.1:7002", {"two": "ns-two"}, "two")))
+    monkeypatch.setenv("KUBECONFIG", f"{first}:{second}")
+    cc = load_cluster_config()
+    assert (cc.context, cc.server) == ("one", "https://127.0.0.1:7001")
+    assert cc.namespace == "default"
+
+
+def test_config_dict_for_airflow_connections(monkeypatch):
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")  # ignored: an explicit config wins
+    cc = load_cluster_config(config_dict=kubeconfig("https://127.0.0.1:9443", {"x": "ml"}, "x"))
+    assert (cc.server, cc.namespace, cc.in_cluster) == ("https://127.0.0.1:9443", "ml", False)
+
+
+def test_missing_kubeconfig_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(BackendError, match="no kubeconfig found"):
+        load_cluster_config(kubeconfig=str(tmp_path / "nope"))
+
+
+def test_in_cluster_without_service_account_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    with pytest.raises(BackendError, match="in-cluster service account"):
+        load_cluster_config()

@@ -1,0 +1,359 @@
+"""Watch machinery against a tiny loopback HTTP API server (development aid, not the real proof).
+
+The fake speaks just enough of the Kubernetes list/watch protocol over real HTTP (so urllib3 and aiohttp,
+the real kubernetes/kubernetes_asyncio clients and our retry code all run): resourceVersions, field
+selectors, 410 for compacted versions, dropped connections. The real proof is tests/e2e/test_kube_backend.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from trainflow.core.errors import TrainJobFailed, TrainJobNotFound, WaitTimeout
+from trainflow.core.kube.backend import KubernetesBackend
+from trainflow.core.kube.shared_watch import registry
+from trainflow.core.result import JobState
+
+BASE = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ns/trainjobs"
+
+
+class FakeApiServer:
+    def __init__(self) -> None:
+        self.rv = 0
+        self.oldest = 0  # watches from a version below this get 410
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.events: list[tuple[int, str, dict[str, Any]]] = []
+        self.cond = threading.Condition()
+        self.watch_requests = 0
+        self.open_watches = 0
+        self.max_open_watches = 0
+        self.list_requests = 0
+        self.drop_generation = 0
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        with self.cond:
+            self.drop_generation += 1
+            self.cond.notify_all()
+        self.server.shutdown()
+        self.server.server_close()
+
+    # --- state changes ---------------------------------------------------------------------------
+    def _emit(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.cond:
+            self.rv += 1
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+            if kind == "DELETED":
+                self.objects.pop(obj["metadata"]["name"], None)
+            else:
+                self.objects[obj["metadata"]["name"]] = obj
+            self.events.append((self.rv, kind, obj))
+            self.cond.notify_all()
+
+    def add(self, name: str) -> None:
+        self._emit(
+            "ADDED",
+            {
+                "apiVersion": "trainer.kubeflow.org/v1alpha1",
+                "kind": "TrainJob",
+                "metadata": {
+                    "name": name,
+                    "namespace": "ns",
+                    "uid": f"uid-{name}",
+                    "creationTimestamp": "2026-11-29T10:00:00Z",
+                },
+                "spec": {"runtimeRef": {"name": "torch-distributed"}},
+                "status": {},
+            },
+        )
+
+    def set_condition(self, name: str, ctype: str, reason: str) -> None:
+        obj = copy.deepcopy(self.objects[name])
+        obj["status"] = {
+            "conditions": [
+                {
+                    "type": ctype,
+                    "status": "True",
+                    "reason": reason,
+                    "message": f"{ctype} {reason}",
+                    "lastTransitionTime": "2026-11-29T10:01:00Z",
+                }
+            ]
+        }
+        self._emit("MODIFIED", obj)
+
+    def set_running(self, name: str) -> None:
+        obj = copy.deepcopy(self.objects[name])
+        obj["status"] = {"jobsStatus": [{"name": "node", "active": 1, "ready": 1}]}
+        self._emit("MODIFIED", obj)
+
+    def delete(self, name: str) -> None:
+        self._emit("DELETED", self.objects[name])
+
+    def compact(self) -> None:
+        with self.cond:
+            self.oldest = self.rv  # a fresh list's version stays watchable
+
+    def drop_watches(self) -> None:
+        with self.cond:
+            self.drop_generation += 1
+            self.cond.notify_all()
+
+    # --- HTTP ------------------------------------------------------------------------------------
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _json(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _status(self, code: int, reason: str) -> None:
+                self._json(
+                    code,
+                    {
+                        "kind": "Status",
+                        "status": "Failure",
+                        "reason": reason,
+                        "code": code,
+                        "message": reason,
+                    },
+                )
+
+            def do_GET(self) -> None:
+                url = urlparse(self.path)
+                q = {k: v[0] for k, v in parse_qs(url.query).items()}
+                if url.path == BASE:
+                    if q.get("watch") in ("true", "True", "1"):
+                        return self._watch(q)
+                    return self._list(q)
+                if url.path.startswith(BASE + "/"):
+                    name = url.path[len(BASE) + 1 :]
+                    with fake.cond:
+                        obj = fake.objects.get(name)
+                    return self._json(200, obj) if obj else self._status(404, "NotFound")
+                if url.path == "/api/v1/namespaces/ns/pods" or url.path == "/api/v1/namespaces/ns/events":
+                    return self._json(200, {"kind": "List", "items": [], "metadata": {}})
+                return self._status(404, "NotFound")
+
+            def _selected(self, q: dict[str, str], obj: dict[str, Any]) -> bool:
+                sel = q.get("fieldSelector")
+                return not sel or sel == f"metadata.name={obj['metadata']['name']}"
+
+            def _list(self, q: dict[str, str]) -> None:
+                with fake.cond:
+                    fake.list_requests += 1
+                    items = [o for o in fake.objects.values() if self._selected(q, o)]
+                    body = {
+                        "kind": "TrainJobList",
+                        "metadata": {"resourceVersion": str(fake.rv)},
+                        "items": items,
+                    }
+                self._json(200, body)
+
+            def _watch(self, q: dict[str, str]) -> None:
+                since = int(q.get("resourceVersion") or 0)
+                deadline = time.time() + int(q.get("timeoutSeconds") or 30)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")  # as kube-apiserver streams watches
+                self.send_header("Connection", "close")
+                self.end_headers()
+
+                def send(data: bytes) -> None:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+
+                with fake.cond:
+                    fake.watch_requests += 1
+                    fake.open_watches += 1
+                    fake.max_open_watches = max(fake.max_open_watches, fake.open_watches)
+                    generation = fake.drop_generation
+                try:
+                    if since < fake.oldest:
+                        err = {
+                            "type": "ERROR",
+                            "object": {
+                                "kind": "Status",
+                                "code": 410,
+                                "reason": "Expired",
+                                "message": "too old resource version",
+                            },
+                        }
+                        send(json.dumps(err).encode() + b"\n")
+                        send(b"")
+                        return
+                    sent = since
+                    while time.time() < deadline:
+                        with fake.cond:
+                            pending = [e for e in fake.events if e[0] > sent]
+                            if not pending:
+                                fake.cond.wait(0.2)
+                            if fake.drop_generation != generation:
+                                send(b'{"type": "MODIFIED", "obj')  # torn line, then gone
+                                self.connection.shutdown(2)
+                                return
+                        for rv, kind, obj in pending:
+                            sent = rv
+                            if self._selected(q, obj):
+                                send(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+                    send(b"")
+                except (BrokenPipeError, ConnectionResetError, OSError):
+                    pass
+                finally:
+                    with fake.cond:
+                        fake.open_watches -= 1
+                    self.close_connection = True
+
+        return Handler
+
+
+@pytest.fixture
+def fake():
+    server = FakeApiServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def backend(fake):
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u", "namespace": "ns"}}],
+        "current-context": "fake",
+    }
+    b = KubernetesBackend(config_dict=config)
+    yield b
+    b.close()
+
+
+def later(delay: float, fn, *args) -> threading.Timer:
+    t = threading.Timer(delay, fn, args)
+    t.start()
+    return t
+
+
+def test_wait_sees_complete_and_reports_updates(fake, backend):
+    fake.add("a")
+    later(0.3, fake.set_running, "a")
+    later(0.6, fake.set_condition, "a", "Complete", "AllJobsCompleted")
+    seen: list[JobState] = []
+    result = backend.wait("a", timeout=10, on_update=lambda r: seen.append(r.state))
+    assert result.state is JobState.COMPLETE and result.reason == "AllJobsCompleted"
+    assert seen == [JobState.CREATED, JobState.RUNNING, JobState.COMPLETE]
+    assert backend.last_wait_stats.lists == 1 and backend.last_wait_stats.watches == 1
+
+
+def test_410_gone_relists_and_returns_one_terminal_result(fake, backend):
+    fake.add("a")
+    fake.set_running("a")
+    fake.compact()
+    later(0.5, fake.set_condition, "a", "Complete", "AllJobsCompleted")
+    result = backend.wait("a", timeout=10, resource_version="1")
+    assert result.state is JobState.COMPLETE
+    assert backend.last_wait_stats.relists_410 == 1
+    assert backend.last_wait_stats.lists == 1
+
+
+def test_dropped_watch_reconnects_from_last_version(fake, backend):
+    fake.add("a")
+    later(0.4, fake.drop_watches)
+    later(1.5, fake.set_condition, "a", "Failed", "FailedJobs")
+    with pytest.raises(TrainJobFailed) as info:
+        backend.wait("a", timeout=15)
+    assert info.value.result.reason == "FailedJobs"
+    assert backend.last_wait_stats.reconnects >= 1
+    assert backend.last_wait_stats.lists == 1  # resumed from the resourceVersion, no re-list
+
+
+def test_deleted_while_waiting_and_deadline(fake, backend):
+    fake.add("a")
+    later(0.3, fake.delete, "a")
+    with pytest.raises(TrainJobNotFound):
+        backend.wait("a", timeout=10)
+    with pytest.raises(TrainJobNotFound):
+        backend.wait("never", timeout=10)
+    fake.add("b")
+    t0 = time.time()
+    with pytest.raises(WaitTimeout, match="still Created"):
+        backend.wait("b", timeout=1.5)
+    assert 1.0 <= time.time() - t0 < 4
+
+
+async def test_many_async_waiters_share_one_watch(fake, backend):
+    names = [f"j{i}" for i in range(100)]
+    for n in names:
+        fake.add(n)
+    reg = registry()
+    tasks = [asyncio.create_task(backend.wait_async(n, timeout=20)) for n in names]
+    await asyncio.sleep(0.5)
+    assert reg.active_watches == 1
+    fake.compact()
+    fake.drop_watches()  # the shared watch reconnects, gets 410, re-lists
+    await asyncio.sleep(1.0)
+    for n in names:
+        await asyncio.to_thread(fake.set_condition, n, "Complete", "AllJobsCompleted")
+    results = await asyncio.gather(*tasks)
+    assert {r.state for r in results} == {JobState.COMPLETE}
+    assert sorted(r.name for r in results) == sorted(names)
+    assert fake.max_open_watches == 1
+    assert reg.active_watches == 0  # stopped with its last waiter
+
+
+async def test_async_not_found_failed_and_timeout(fake, backend):
+    fake.add("bad")
+    fake.set_condition("bad", "Failed", "FailedJobs")
+    with pytest.raises(TrainJobFailed, match="FailedJobs"):
+        await backend.wait_async("bad", timeout=5)
+    with pytest.raises(TrainJobNotFound):
+        await backend.wait_async("ghost", timeout=10)
+    fake.add("slow")
+    with pytest.raises(WaitTimeout):
+        await backend.wait_async("slow", timeout=1)
+    fake.add("gone")
+    waiter = asyncio.create_task(backend.wait_async("gone", timeout=10))
+    await asyncio.sleep(0.3)
+    fake.delete("gone")
+    with pytest.raises(TrainJobNotFound):
+        await waiter
+
+
+def test_registries_are_per_event_loop(fake, backend):
+    fake.add("x")
+    fake.set_condition("x", "Complete", "AllJobsCompleted")
+
+    async def one() -> tuple[int, str]:
+        result = await backend.wait_async("x", timeout=5)
+        return id(registry()), result.state.value
+
+    first, second = asyncio.run(one()), asyncio.run(one())
+    assert first[1] == second[1] == "Complete"
