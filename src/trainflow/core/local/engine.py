@@ -53,39 +53,33 @@ SPAWN_GRACE_SECONDS = 30.0
 CANCEL_GRACE_SECONDS = 10.0
 LOG_TAIL_LINES = 30
 IDENTITY_KEYS = (MANAGED_BY_LABEL, KEY_LABEL, ATTEMPT_LABEL)
-_TORCHRUN_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(-?\d+)(?:\s*\((?:local_rank|pid):\s*(\d+)\))?")
 
 _reapers: list[threading.Thread] = []
 
 
-def _tail(path: Path, lines: int) -> list[str]:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(size - 256 * 1024, 0))
-            data = fh.read()
-    except FileNotFoundError:
-        return []
-    text = data.decode("utf-8", errors="replace").splitlines()
-    return text[-lines:] if lines else []
+_GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")
 
 
-def _torchrun_failure(lines: list[str]) -> dict[str, int]:
-    """rank / local_rank / worker exit code from torchrun's "Root Cause" block in a node log, if any."""
-    found: dict[str, int] = {}
-    for line in lines:
-        match = _TORCHRUN_FIELD.match(line)
-        if not match:
+def _condense(lines: list[str], keep: int) -> list[str]:
+    """A log tail without torchrun's own noise (agent warnings, the launcher's traceback), so the ranks'
+    output and torchrun's failure report both fit."""
+    out: list[str] = []
+    skipping = False
+    for index, line in enumerate(lines):
+        if skipping:
+            if "ChildFailedError" in line and not line.startswith(" "):
+                skipping = False
             continue
-        key, value, extra = match.groups()
-        if key == "rank" and "rank" not in found:
-            found["rank"] = int(value)
-            if extra is not None:
-                found["local_rank"] = int(extra)
-        elif key == "exitcode" and "worker_exit_code" not in found:
-            found["worker_exit_code"] = int(value)
-    return found
+        launcher_traceback = line.startswith("Traceback (most recent call last):") and any(
+            "torch/distributed/run.py" in later for later in lines[index : index + 8]
+        )
+        if launcher_traceback:
+            skipping = True
+            continue
+        if _GLOG.match(line):
+            continue
+        out.append(line)
+    return out[-keep:]
 
 
 class LocalBackend:
@@ -267,7 +261,7 @@ class LocalBackend:
                     return obj  # it finished (or started) between our two looks
                 uid = str(obj["metadata"].get("uid", ""))
                 self._kill_nodes(job, uid)
-                tail = " | ".join(_tail(job.log("supervisor"), 3))
+                tail = " | ".join(store.tail_lines(job.log("supervisor"), 3))
                 message = "the local supervisor process died; its nodes were stopped"
                 if tail:
                     message += f" (supervisor log: {tail[-500:]})"
@@ -304,7 +298,7 @@ class LocalBackend:
             entry = {
                 k: node[k] for k in ("node", "step", "exit_code", "signal", "pid") if node.get(k) is not None
             }
-            entry.update(_torchrun_failure(_tail(job.log(str(node.get("step"))), 200)))
+            entry.update(store.torchrun_failure(store.tail_lines(job.log(str(node.get("step"))), 200)))
             diag.failed_ranks.append(entry)
         reason = result_from_trainjob(obj).reason or ""
         if failed:
@@ -317,7 +311,7 @@ class LocalBackend:
                 if any(n.get("step") == "node-0" for n in nodes)
                 else str(nodes[0].get("step") if nodes else "node-0")
             )
-        lines = _tail(job.log(step), LOG_TAIL_LINES)
+        lines = _condense(store.tail_lines(job.log(step), 400), LOG_TAIL_LINES)
         if lines:
             diag.log_tail = f"[{step}]\n" + "\n".join(lines)
         return diag
@@ -412,7 +406,9 @@ class LocalBackend:
         jref, job = self._job(ref)
         path = self._log_path(job, jref, step)
         if not follow:
-            return iter(_tail(path, tail_lines) if tail_lines is not None else self._all_lines(path))
+            return iter(
+                store.tail_lines(path, tail_lines) if tail_lines is not None else self._all_lines(path)
+            )
         return self._follow(jref, job, path, tail_lines)
 
     @staticmethod
@@ -435,7 +431,7 @@ class LocalBackend:
                         return
                     time.sleep(self.poll_interval)
             if tail_lines is not None:
-                lines = _tail(path, tail_lines)
+                lines = store.tail_lines(path, tail_lines)
                 fh.seek(0, os.SEEK_END)
                 yield from lines
             while True:

@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import signal
 import tempfile
 import time
@@ -210,6 +211,45 @@ def trainer_status(metrics: dict[str, Any]) -> dict[str, Any] | None:
     if isinstance(metrics.get("progressPercentage"), int):
         out["progressPercentage"] = metrics["progressPercentage"]
     return out
+
+
+# --- logs ------------------------------------------------------------------------------------------
+
+_TORCHRUN_FIELD = re.compile(r"^\s*(rank|exitcode)\s*:\s*(-?\d+)(?:\s*\((?:local_rank|pid):\s*(\d+)\))?")
+
+
+def tail_lines(path: Path, lines: int) -> list[str]:
+    """The last ``lines`` lines of a log (reads at most its last 256 KiB)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(size - 256 * 1024, 0))
+            data = fh.read()
+    except FileNotFoundError:
+        return []
+    text = data.decode("utf-8", errors="replace").splitlines()
+    return text[-lines:] if lines else []
+
+
+def torchrun_failure(lines: list[str]) -> dict[str, int]:
+    """rank / local_rank / worker exit code from torchrun's "Root Cause" block in a node log, if any."""
+    found: dict[str, int] = {}
+    starts = [i for i, line in enumerate(lines) if line.startswith("Root Cause")]
+    if starts:
+        lines = lines[starts[-1] :]
+    for line in lines:
+        match = _TORCHRUN_FIELD.match(line)
+        if not match:
+            continue
+        key, value, extra = match.groups()
+        if key == "rank" and "rank" not in found:
+            found["rank"] = int(value)
+            if extra is not None:
+                found["local_rank"] = int(extra)
+        elif key == "exitcode" and "worker_exit_code" not in found:
+            found["worker_exit_code"] = int(value)
+    return found
 
 
 # --- processes -------------------------------------------------------------------------------------

@@ -272,10 +272,14 @@ class Supervisor:
                 self.stop_nodes()
                 self.write_nodes()
                 how = f"was killed by {first.describe()['signal']}" if first.signal else "exited"
-                message = (
-                    f"node {first.index} ({first.describe()['step']}) {how} with code {first.exit_code}; "
-                    f"the other nodes were stopped"
-                )
+                step = str(first.describe()["step"])
+                message = f"node {first.index} ({step}) {how} with code {first.exit_code}"
+                cause = store.torchrun_failure(store.tail_lines(self.job.log(step), 200))
+                if "rank" in cause:
+                    message += (
+                        f" (torchrun: rank {cause['rank']} exited with code {cause.get('worker_exit_code')})"
+                    )
+                message += "; the other nodes were stopped"
                 self.update_status(
                     conditions=[("Failed", True, "NodeFailed", message)], jobs=self.jobs_status()
                 )

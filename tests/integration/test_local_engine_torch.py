@@ -1,0 +1,171 @@
+"""Local engine with real torch distributed (gloo, CPU) under unmodified torchrun commands.
+
+2 nodes x 2 processes all-reduce read from another process; a failing rank; cancel of torchrun jobs,
+whose workers run in their own sessions (so killing process groups alone would leave orphans).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trainflow.core import JobState, TrainJobFailed, TrainJobNotFound, get_backend
+from trainflow.core.local import store
+from trainflow.core.local.engine import LocalBackend
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "tfhome"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def backend(home: Path) -> Iterator[LocalBackend]:
+    be = get_backend("local", home=home, namespace="tests")
+    assert isinstance(be, LocalBackend)
+    yield be
+    for job in be.list():
+        be.cancel(job.name)
+
+
+def train_here(x: int, out_name: str = "fn.json") -> None:
+    """A function trainer: shipped as source, called with JSON kwargs under torchrun."""
+    import json as _json
+    import os as _os
+
+    from trainflow.core import output_dir, report
+
+    if _os.environ.get("RANK", "0") == "0":
+        (output_dir() / out_name).write_text(_json.dumps({"x": x, "world": _os.environ.get("WORLD_SIZE")}))
+    report(metrics={"x": float(x)})
+
+
+def test_two_by_two_allreduce_completes_and_is_read_from_another_process(
+    backend: LocalBackend, home: Path
+) -> None:
+    start = time.monotonic()
+    backend.submit(
+        {
+            "name": "allreduce",
+            "command": ["torchrun", str(SCRIPTS / "allreduce.py")],
+            "num_nodes": 2,
+            "proc_per_node": 2,
+        }
+    )
+    code = textwrap.dedent(
+        """
+        import json
+        from trainflow.core import get_backend
+        backend = get_backend("local", home=sys.argv[1], namespace="tests")
+        result = backend.wait("allreduce", timeout=150)
+        logs = {s: list(backend.logs("allreduce", step=s)) for s in ("node-0", "node-1")}
+        print(json.dumps({"result": result.to_dict(), "logs": logs}))
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys\n" + code, str(home)], capture_output=True, text=True, timeout=170
+    )
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = seen["result"]
+    assert result["state"] == "Complete", result
+    assert result["metrics"] == {"sum": 10.0, "world": 4.0, "note": "ok"}  # 1+2+3+4 over 4 ranks
+    ranks = {
+        node: sorted(line.split()[0] for line in lines if line.startswith("rank="))
+        for node, lines in seen["logs"].items()
+    }
+    assert ranks == {"node-0": ["rank=0", "rank=1"], "node-1": ["rank=2", "rank=3"]}
+    out = Path(result["output_uri"].removeprefix("file://"))
+    assert json.loads((out / "result.json").read_text()) == {"sum": 10.0, "world": 4}
+    print(f"2x2 torch job end-to-end: {elapsed:.1f}s")
+
+
+def test_failing_rank_fails_the_job_with_rank_exit_code_and_log_tail(backend: LocalBackend) -> None:
+    ref = backend.submit(
+        {
+            "name": "rankfail",
+            "command": ["torchrun", str(SCRIPTS / "failing_rank.py")],
+            "num_nodes": 2,
+            "proc_per_node": 2,
+            "env": {"FAIL_RANK": "3", "FAIL_CODE": "7"},
+        }
+    )
+    with pytest.raises(TrainJobFailed) as info:
+        backend.wait(ref, timeout=150)
+    err = info.value
+    assert err.result.reason == "NodeFailed" and "node 1" in (err.result.message or "")
+    assert "rank 3 exited with code 7" in (err.result.message or "")
+    (failed,) = err.diagnostics.failed_ranks
+    assert failed["node"] == 1 and failed["exit_code"] == 1  # torchrun's own exit code
+    assert failed["rank"] == 3 and failed["worker_exit_code"] == 7  # from torchrun's root-cause report
+    text = str(err)
+    assert "rank=3" in text and "worker_exit_code=7" in text
+    assert "rank=3 boom: simulated failure" in text  # the failing node's log tail
+    uid = json.loads((backend.job_dir(ref) / "trainjob.json").read_text())["metadata"]["uid"]
+    assert store.marked_processes(uid) == []  # node 0's ranks were stopped too
+
+
+def test_cancel_torchrun_job_leaves_no_rank_behind(backend: LocalBackend, home: Path) -> None:
+    ref = backend.submit(
+        {
+            "name": "cancelranks",
+            "command": ["torchrun", str(SCRIPTS / "sleepy_rank.py"), "120"],
+            "num_nodes": 2,
+            "proc_per_node": 2,
+        }
+    )
+    uid = json.loads((backend.job_dir(ref) / "trainjob.json").read_text())["metadata"]["uid"]
+    deadline = time.monotonic() + 120
+    pids: list[int] = []
+    while time.monotonic() < deadline:  # 2 torchrun agents + 4 ranks
+        pids = store.marked_processes(uid)
+        ready = sum(
+            1
+            for step in ("node-0", "node-1")
+            for line in backend.logs(ref, step=step)
+            if line.endswith("ready")
+        )
+        if ready == 4 and len(pids) >= 6:
+            break
+        time.sleep(0.2)
+    assert len(pids) >= 6, pids
+    cancel = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from trainflow.core import get_backend; "
+            f"print(get_backend('local', home={str(home)!r}, namespace='tests').cancel('cancelranks'))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cancel.stdout.strip() == "True", cancel.stderr
+    assert [p for p in pids if store.pid_alive(p)] == []
+    assert store.marked_processes(uid) == []
+    with pytest.raises(TrainJobNotFound):
+        backend.get(ref)
+
+
+def test_function_trainer_runs_under_torchrun(backend: LocalBackend) -> None:
+    ref = backend.submit(
+        {"name": "fn", "function": train_here, "function_kwargs": {"x": 5}, "proc_per_node": 1}
+    )
+    result = backend.wait(ref, timeout=120)
+    assert result.state is JobState.COMPLETE and result.metrics == {"x": 5.0}
+    out = Path((result.output_uri or "").removeprefix("file://"))
+    assert json.loads((out / "fn.json").read_text()) == {"x": 5, "world": "1"}
