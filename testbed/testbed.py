@@ -473,7 +473,7 @@ def webhook_configs(L: Layout) -> list[dict]:
 def kwok_stages(L: Layout) -> list[dict]:
     """Upstream kwok Stages (node-fast + lease heartbeat, pod 'general', pod chaos failure).
 
-    Tuned for tests: shorter default delays without jitter (the upstream per-pod
+    Tuned for tests: shorter default delays without default jitter (the upstream per-pod
     annotations such as pod-complete.stage.kwok.x-k8s.io/delay still override), and
     pod-complete never applies to pods labelled for failure, so a pod labelled
     pod-container-running-failed.stage.kwok.x-k8s.io=true deterministically fails
@@ -493,7 +493,10 @@ def kwok_stages(L: Layout) -> list[dict]:
             delay = spec.get("delay")
             if delay is not None and name in delays_ms:
                 delay["durationMilliseconds"] = delays_ms[name]
-                delay["jitterDurationMilliseconds"] = 0
+                # kwok treats the jitter as an upper bound (jitter <= duration means
+                # "use jitter"), so drop the default jitter; the per-pod
+                # ...stage.kwok.x-k8s.io/jitter-delay annotation still works.
+                delay.pop("jitterDurationMilliseconds", None)
             if name == "pod-complete":
                 spec["selector"]["matchExpressions"].append({
                     "key": f'.metadata.labels["{FAIL_LABEL}"]', "operator": "NotIn",
@@ -650,7 +653,10 @@ def up(L: Layout, trainer_upstream: Path) -> None:
     stages = kwok_stages(L)
     (L.etc / "kwok.yaml").write_text(yaml.safe_dump_all(
         [{"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
-          "options": {"enableCNI": False}}] + stages, sort_keys=False))
+          "options": {"podPlayStageParallelism": 4, "nodePlayStageParallelism": 2,
+                      "nodeLeaseParallelism": 2, "podsOnNodeSyncParallelism": 1,
+                      "nodeLeaseDurationSeconds": 40, "enablePodsOnNodeSyncListPager": True,
+                      "enablePodsOnNodeSyncStreamWatch": False}}] + stages, sort_keys=False))
     start(L, "kwok", [
         L.b("kwok"), "--kubeconfig", str(L.kubeconfig), "--config", str(L.etc / "kwok.yaml"),
         "--manage-all-nodes=false",
@@ -760,13 +766,12 @@ def up(L: Layout, trainer_upstream: Path) -> None:
     log(f"testbed up in {elapsed:.1f}s: kubeconfig {L.kubeconfig} (source {L.env_file})")
 
 
-def _expect_denied(r: subprocess.CompletedProcess, webhook: str) -> bool:
+def _expect_denied(r: subprocess.CompletedProcess, webhook: str, marker: str) -> bool:
+    """True iff the request was rejected by the webhook itself (its own message)."""
     msg = r.stderr + r.stdout
-    if r.returncode != 0 and f'admission webhook "{webhook}" denied' in msg:
-        return True
-    if "failed calling webhook" in msg:
+    if r.returncode == 0 or "failed calling webhook" in msg:
         return False
-    return False
+    return f'admission webhook "{webhook}" denied' in msg or marker in msg
 
 
 def probe_jobset_webhook(k: Kubectl) -> bool:
@@ -780,7 +785,8 @@ def probe_jobset_webhook(k: Kubectl) -> bool:
                "dependsOn": [{"name": "b", "status": "Ready"}]},
               {"name": "b", "replicas": 1, "template": tmpl}]}}
     r = k.run("create", "--dry-run=server", "-f", "-", stdin=json.dumps(js), check=False)
-    return _expect_denied(r, "vjobset.kb.io")
+    # JobSet's webhook answers with apierrors.NewInvalid, so match its message.
+    return _expect_denied(r, "vjobset.kb.io", "DependsOn can't be set for the first ReplicatedJob")
 
 
 def probe_trainer_webhook(k: Kubectl) -> bool:
@@ -790,7 +796,7 @@ def probe_trainer_webhook(k: Kubectl) -> bool:
           "metadata": {"name": "testbed-webhook-probe", "namespace": "default"},
           "spec": {"runtimeRef": {"name": "testbed-no-such-runtime"}}}
     r = k.run("create", "--dry-run=server", "-f", "-", stdin=json.dumps(tj), check=False)
-    return _expect_denied(r, "validator.trainjob.trainer.kubeflow.org")
+    return _expect_denied(r, "validator.trainjob.trainer.kubeflow.org", "testbed-no-such-runtime")
 
 
 # --------------------------------------------------------------------------- status
