@@ -41,6 +41,19 @@ def backend(home: Path) -> Iterator[LocalBackend]:
         be.cancel(job.name)
 
 
+def cli(home: Path, *args: str) -> str:
+    """Run the ``trainflow`` console script (another process) against this test's home."""
+    exe = Path(sys.executable).parent / "trainflow"
+    proc = subprocess.run(
+        [str(exe), "--backend", "local", "--home", str(home), "-n", "tests", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
 def train_here(x: int, out_name: str = "fn.json") -> None:
     """A function trainer: shipped as source, called with JSON kwargs under torchrun."""
     import json as _json
@@ -91,6 +104,11 @@ def test_two_by_two_allreduce_completes_and_is_read_from_another_process(
     assert ranks == {"node-0": ["rank=0", "rank=1"], "node-1": ["rank=2", "rank=3"]}
     out = Path(result["output_uri"].removeprefix("file://"))
     assert json.loads((out / "result.json").read_text()) == {"sum": 10.0, "world": 4}
+    # the same, through the CLI in yet another process
+    status = json.loads(cli(home, "status", "allreduce", "--json"))
+    assert status["state"] == "Complete" and status["metrics"]["sum"] == 10.0
+    node1 = cli(home, "logs", "allreduce", "--step", "node-1").splitlines()
+    assert sorted(line.split()[0] for line in node1 if line.startswith("rank=")) == ["rank=2", "rank=3"]
     print(f"2x2 torch job end-to-end: {elapsed:.1f}s")
 
 
@@ -143,18 +161,7 @@ def test_cancel_torchrun_job_leaves_no_rank_behind(backend: LocalBackend, home: 
             break
         time.sleep(0.2)
     assert len(pids) >= 6, pids
-    cancel = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"from trainflow.core import get_backend; "
-            f"print(get_backend('local', home={str(home)!r}, namespace='tests').cancel('cancelranks'))",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert cancel.stdout.strip() == "True", cancel.stderr
+    assert cli(home, "cancel", "cancelranks").strip() == "cancelled cancelranks"
     assert [p for p in pids if store.pid_alive(p)] == []
     assert store.marked_processes(uid) == []
     with pytest.raises(TrainJobNotFound):
