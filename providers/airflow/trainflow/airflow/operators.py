@@ -81,12 +81,14 @@ def airflow_labels(dag_id: str, task_id: str, run_id: str, map_index: int | None
     """Identity labels (valid label values, no try_number) so a TrainJob can be traced to its task."""
     from trainflow.core.naming import label_value
 
-    return {
+    labels = {
         f"{LABEL_PREFIX}dag-id": label_value(dag_id),
         f"{LABEL_PREFIX}task-id": label_value(task_id),
         f"{LABEL_PREFIX}run-id": label_value(run_id),
-        f"{LABEL_PREFIX}map-index": str(-1 if map_index is None else int(map_index)),
     }
+    if map_index is not None and int(map_index) >= 0:
+        labels[f"{LABEL_PREFIX}map-index"] = str(int(map_index))
+    return labels
 
 
 def attempt_of(name: str, key: str) -> int | None:

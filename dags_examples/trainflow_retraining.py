@@ -1,0 +1,118 @@
+"""Scheduled retraining: train a regression model every day, evaluate it, promote it only if it is better.
+
+prepare_dataset -> train (TrainJob: torch-distributed, 2 nodes x 2 processes) -> evaluate -> branch
+-> promote | keep_current. The dataset location is templated from the data interval; the evaluator
+loads the model file the TrainJob wrote (found through the XCom result's ``output_uri``); the current
+best metric lives in the Airflow Variable ``trainflow_retraining_best_mse``.
+
+Runs on a cluster or on the embedded local engine: the ``kubeflow_trainer_default`` connection decides
+(``{"backend": "local"}`` for the local engine, as ``scripts/demo.sh`` sets it up).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from airflow.sdk import DAG, task
+from example_training import train_regression
+
+from trainflow.airflow import TrainJobOperator
+
+BEST_VARIABLE = "trainflow_retraining_best_mse"
+
+
+def _data_root() -> str:
+    """Where daily datasets land (a plain directory for the local engine)."""
+    home = os.environ.get("TRAINFLOW_HOME") or os.path.expanduser("~/.local/share/trainflow")
+    return os.environ.get("TRAINFLOW_DATA_ROOT") or os.path.join(home, "datasets")
+
+
+def _model_path(output_uri: str) -> Path:
+    path = output_uri[len("file://") :] if output_uri.startswith("file://") else output_uri
+    return Path(path) / "model.pt"
+
+
+with DAG(
+    dag_id="trainflow_retraining",
+    schedule="@daily",
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    render_template_as_native_obj=True,
+    user_defined_macros={"data_root": _data_root()},
+    tags=["trainflow", "example"],
+    doc_md=__doc__,
+) as dag:
+
+    @task
+    def prepare_dataset(data_interval_start=None, ds=None) -> str:
+        """Materialise the interval's dataset manifest where the TrainJob's dataset initializer reads it."""
+        import json
+
+        folder = Path(_data_root()) / "regression" / str(ds)
+        folder.mkdir(parents=True, exist_ok=True)
+        manifest = {"interval_start": str(data_interval_start), "generator": "y = 3*x1 - 2*x2 + 0.5"}
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+        return str(folder)
+
+    train = TrainJobOperator(
+        task_id="train",
+        runtime="torch-distributed",
+        function=train_regression,
+        function_kwargs={"epochs": 60, "lr": 0.1, "seed": "{{ data_interval_start.day }}"},
+        num_nodes=2,
+        proc_per_node=2,
+        dataset_uri="file://{{ data_root }}/regression/{{ data_interval_start | ds }}",
+        env={"TRAINING_INTERVAL": "{{ data_interval_start | ds }}/{{ data_interval_end | ds }}"},
+        retries=1,
+        retry_delay=timedelta(seconds=5),
+    )
+
+    @task
+    def evaluate(result: dict) -> dict:
+        """Load the model file the TrainJob wrote and score it on held-out data."""
+        from example_training import evaluate_model
+
+        model = _model_path(result["output_uri"])
+        metrics = evaluate_model(model)
+        metrics.update(
+            model_path=str(model), trainjob=result["name"], train_loss=result["metrics"].get("train_loss")
+        )
+        print(f"evaluation of {result['name']}: mse={metrics['mse']:.3e} model={model}")
+        return metrics
+
+    @task.branch
+    def better_than_current(metrics: dict) -> str:
+        from airflow.sdk import Variable
+
+        best = Variable.get(BEST_VARIABLE, default=None)
+        if best is None or metrics["mse"] < float(best):
+            print(f"new mse {metrics['mse']:.3e} beats current {best}: promoting")
+            return "promote"
+        print(f"new mse {metrics['mse']:.3e} does not beat current {best}: keeping the current model")
+        return "keep_current"
+
+    @task
+    def promote(metrics: dict) -> str:
+        import shutil
+
+        from airflow.sdk import Variable
+
+        target = Path(_data_root()).parent / "models" / "regression" / "best"
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(metrics["model_path"], target / "model.pt")
+        Variable.set(BEST_VARIABLE, str(metrics["mse"]))
+        print(f"promoted {metrics['model_path']} -> {target / 'model.pt'}")
+        return str(target / "model.pt")
+
+    @task
+    def keep_current() -> None:
+        print("current model kept")
+
+    dataset = prepare_dataset()
+    metrics = evaluate(train.output)
+    choice = better_than_current(metrics)
+    dataset >> train
+    choice >> [promote(metrics), keep_current()]
