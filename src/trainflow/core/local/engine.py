@@ -48,7 +48,7 @@ from trainflow.core.runtimes import Runtime, find_runtime, local_catalog
 from trainflow.core.validation import immutable_differences, parse_request
 
 NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-POLL_SECONDS = 0.1
+POLL_SECONDS = 0.05
 SPAWN_GRACE_SECONDS = 30.0
 CANCEL_GRACE_SECONDS = 10.0
 LOG_TAIL_LINES = 30
@@ -217,7 +217,13 @@ class LocalBackend:
         env = policies.base_env(dict(os.environ))
         with open(job.log("supervisor"), "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-c", supervisor.BOOTSTRAP, str(job.root)],
+                [
+                    sys.executable,
+                    "-c",
+                    supervisor.BOOTSTRAP,
+                    str(job.root),
+                    str(Path(store.__file__).parents[1]),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
