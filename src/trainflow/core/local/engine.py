@@ -54,9 +54,6 @@ CANCEL_GRACE_SECONDS = 10.0
 LOG_TAIL_LINES = 30
 IDENTITY_KEYS = (MANAGED_BY_LABEL, KEY_LABEL, ATTEMPT_LABEL)
 
-_reapers: list[threading.Thread] = []
-
-
 _GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")
 
 
@@ -164,7 +161,11 @@ class LocalBackend:
         namespace = meta.get("namespace") or self.namespace
         meta["namespace"] = namespace
         jref, job = self._job(JobRef(name=meta["name"], namespace=namespace))
-        plan = policies.make_plan(manifest, runtime, home=self.home, jobdir=job.root, cwd=os.getcwd())
+        try:
+            cwd: str | None = os.getcwd()  # the trainer runs where the caller is (relative paths work)
+        except FileNotFoundError:
+            cwd = str(job.root / "workspace")
+        plan = policies.make_plan(manifest, runtime, home=self.home, jobdir=job.root, cwd=cwd)
         if dry_run:
             return jref
         existing = job.read()
@@ -231,9 +232,8 @@ class LocalBackend:
                 env=env,
             )
         store.write_json(job.spawn, {"pid": proc.pid, "start_time": store.proc_start_time(proc.pid)})
-        reaper = threading.Thread(target=proc.wait, name=f"trainflow-reap-{proc.pid}", daemon=True)
-        reaper.start()
-        _reapers.append(reaper)
+        # reap it when it exits (it is our child until we exit), so it never lingers as a zombie
+        threading.Thread(target=proc.wait, name=f"trainflow-reap-{proc.pid}", daemon=True).start()
 
     # --- state ------------------------------------------------------------------------------------
 
@@ -337,6 +337,7 @@ class LocalBackend:
         on_update: UpdateCallback | None = None,
     ) -> TrainJobResult:
         end = resolve_deadline(timeout, deadline)
+        started = time.time()
         last: dict[str, Any] | None = None
         while True:
             result = self.get(ref)
@@ -348,8 +349,7 @@ class LocalBackend:
                 return self._finish(result, raise_on_failure)
             now = time.time()
             if end is not None and now >= end:
-                waited = timeout if timeout is not None else max(end - now, 0.0)
-                raise WaitTimeout(result.namespace, result.name, result.state.value, waited)
+                raise WaitTimeout(result.namespace, result.name, result.state.value, now - started)
             time.sleep(
                 min(self.poll_interval, max(end - now, 0.0)) if end is not None else self.poll_interval
             )
@@ -364,6 +364,7 @@ class LocalBackend:
         on_update: UpdateCallback | None = None,
     ) -> TrainJobResult:
         end = resolve_deadline(timeout, deadline)
+        started = time.time()
         last: dict[str, Any] | None = None
         while True:
             result = self.get(ref)  # a few small local file reads: fine on the event loop
@@ -377,8 +378,7 @@ class LocalBackend:
                 return result
             now = time.time()
             if end is not None and now >= end:
-                waited = timeout if timeout is not None else 0.0
-                raise WaitTimeout(result.namespace, result.name, result.state.value, waited)
+                raise WaitTimeout(result.namespace, result.name, result.state.value, now - started)
             await asyncio.sleep(
                 min(self.poll_interval, max(end - now, 0.0)) if end is not None else self.poll_interval
             )

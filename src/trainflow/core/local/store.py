@@ -255,8 +255,22 @@ def torchrun_failure(lines: list[str]) -> dict[str, int]:
 # --- processes -------------------------------------------------------------------------------------
 
 
+HAVE_PROC = os.path.isdir("/proc/self")
+
+
 def proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, start time in clock ticks since boot) from /proc, or None if no such process."""
+    """(state letter, start time in clock ticks since boot) from /proc, or None if no such process.
+
+    Without /proc (macOS) it only knows whether the pid exists: ("R", 0).
+    """
+    if not HAVE_PROC:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return "R", 0
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
             text = fh.read()
@@ -279,7 +293,7 @@ def pid_alive(pid: int, start_time: int | None = None) -> bool:
     stat = proc_stat(pid)
     if stat is None or stat[0] in ("Z", "X"):
         return False
-    return start_time is None or stat[1] == start_time
+    return start_time is None or not HAVE_PROC or stat[1] == start_time
 
 
 def marked_processes(uid: str) -> list[int]:
@@ -289,7 +303,9 @@ def marked_processes(uid: str) -> list[int]:
     """
     needle = f"{JOB_UID_ENV}={uid}".encode()
     me = os.getpid()
-    found = []
+    found: list[int] = []
+    if not HAVE_PROC:
+        return found  # no portable way to read other processes' env; process groups must do
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
