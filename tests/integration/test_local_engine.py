@@ -268,13 +268,51 @@ def test_suspend_queues_until_resume(backend: LocalBackend) -> None:
     assert conditions["Suspended"]["status"] == "False" and conditions["Suspended"]["reason"] == "Resumed"
 
 
-def test_suspend_a_running_job_stops_its_nodes(backend: LocalBackend) -> None:
-    ref = backend.submit({"name": "pausing", "command": worker("--sleep", "60")})
-    pids = wait_for(lambda: job_pids(backend, "pausing"))
+def test_suspend_a_running_job_stops_its_nodes_and_resume_restarts_them(backend: LocalBackend) -> None:
+    ref = backend.submit({"name": "pausing", "command": worker("--sleep", "2", "--report")})
+    wait_for(lambda: "node=0 line=0" in list(backend.logs(ref)))
+    pids = job_pids(backend, "pausing")
+    assert pids
     backend.suspend(ref)
     wait_for(lambda: backend.get(ref).state is JobState.QUEUED)
     wait_for(lambda: not alive(pids), timeout=10)
-    assert backend.cancel(ref) is True
+    backend.resume(ref)
+    states: list[JobState] = []
+    result = backend.wait(ref, timeout=60, on_update=lambda r: states.append(r.state))
+    assert result.state is JobState.COMPLETE and states[-1] is JobState.COMPLETE
+    assert JobState.RUNNING in states
+    assert [line for line in backend.logs(ref) if line == "node=0 line=0"] == [
+        "node=0 line=0"
+    ] * 2  # ran twice
+
+
+def test_concurrent_submits_of_one_key_make_one_job(home: Path) -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys, json
+        from trainflow.core import get_backend
+        b = get_backend("local", home={str(home)!r}, namespace="tests")
+        ref = b.submit({{"idempotency_key": "race/1", "command": ["python3", {WORKER!r}]}})
+        print(json.dumps([ref.name, ref.uid]))
+        """
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(4)
+    ]
+    outs = [json.loads(p.communicate(timeout=60)[0].strip().splitlines()[-1]) for p in procs]
+    assert len({tuple(o) for o in outs}) == 1
+    backend = get_backend("local", home=home, namespace="tests")
+    assert [r.name for r in backend.list()] == [outs[0][0]]
+    assert backend.wait(outs[0][0], timeout=60).state is JobState.COMPLETE
+    staging = [p for p in (home / "jobs" / "tests").iterdir() if p.name.startswith(".")]
+    assert staging == []
+
+
+def test_logs_of_an_unknown_step_name_the_choices(backend: LocalBackend) -> None:
+    ref = backend.submit({"name": "steps", "command": worker(), "num_nodes": 2})
+    with pytest.raises(InvalidRequest, match="node-0, node-1") as info:
+        list(backend.logs(ref, step="node-5"))
+    assert info.value.fields == ["step"]
 
 
 # --- submit semantics --------------------------------------------------------------------------------
