@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -22,6 +23,7 @@ from urllib.parse import unquote, urlparse
 OnCancel = str  # "delete" | "keep"
 EXIT_FAILED = 1
 EXIT_CANCELLED = 143  # 128 + SIGTERM, what a shell reports for a terminated step
+MAX_ATTEMPTS = 20
 WORKSPACE_MOUNT = "/kfp-workspace"
 AFFINITY_MANAGER = "trainflow.dev/kfp-task-config"
 _UNRESOLVED = "{{$"
@@ -205,6 +207,20 @@ def workspace_volume(task_config: Any, workspace_path: str | None) -> dict[str, 
 # ------------------------------------------------------------------------------------------------ request
 
 
+def integral_numbers(value: Any) -> Any:
+    """KFP dict/list parameters travel as protobuf Struct, where every number is a double: 60 arrives as 60.0.
+
+    Turn integral floats back into ints so ``range(epochs)`` in the trainer works as written.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: integral_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [integral_numbers(v) for v in value]
+    return value
+
+
 def build_request_fields(params: Mapping[str, Any]) -> dict[str, Any]:
     """Step parameters -> TrainJobRequest fields (unset parameters dropped so runtime defaults apply)."""
     mapping = (
@@ -237,7 +253,13 @@ def build_request_fields(params: Mapping[str, Any]) -> dict[str, Any]:
         value = _clean(params.get(key))
         if value is not None:
             fields[key] = value
-    for key, value in (params.get("extra") or {}).items():
+    for key in ("function_kwargs", "env", "resources", "extra"):
+        if fields.get(key) is not None:
+            fields[key] = integral_numbers(fields[key])
+    for key in ("num_nodes", "proc_per_node", "deadline_seconds"):
+        if fields.get(key) == 0 and not isinstance(fields.get(key), bool):  # KFP int inputs: 0 means unset
+            fields.pop(key)
+    for key, value in integral_numbers(params.get("extra") or {}).items():
         if key in fields:
             raise _invalid(f"extra.{key}", "is also given as a step parameter", "set it in one place")
         fields[key] = value
@@ -280,12 +302,18 @@ def cancel_on_sigterm(cancel: Callable[[], None]) -> Iterator[None]:
     """While inside, SIGTERM/SIGINT (pipeline run terminated) runs ``cancel`` and exits with 143."""
 
     def handler(signum: int, _frame: Any) -> None:
-        log(f"received signal {signum}: pipeline step is being terminated")
+        # stdout may be a pipe whose reader died with us: never let a log write stop the cancel.
+        with contextlib.suppress(Exception):
+            log(f"received signal {signum}: pipeline step is being terminated")
         try:
             cancel()
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                log(f"could not cancel the TrainJob: {exc}")
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
             os._exit(EXIT_CANCELLED)
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -376,6 +404,19 @@ def _on_update_printer() -> Callable[[Any], None]:
     return on_update
 
 
+def stream_logs(be: Any, ref: Any, step: str = "node-0") -> threading.Thread:
+    """Follow the rank-0 log into the step log (best effort, daemon thread: never blocks the outcome)."""
+
+    def follow() -> None:
+        with contextlib.suppress(Exception):
+            for line in be.logs(ref, follow=True, step=step):
+                print(f"[{step}] {line.rstrip()}", flush=True)
+
+    thread = threading.Thread(target=follow, name=f"trainflow-logs-{step}", daemon=True)
+    thread.start()
+    return thread
+
+
 def _print_logs(be: Any, ref: Any, tail: int = 50) -> None:
     try:
         lines = list(be.logs(ref, tail_lines=tail))
@@ -386,6 +427,35 @@ def _print_logs(be: Any, ref: Any, tail: int = 50) -> None:
         log(f"--- last {len(lines)} log lines of {ref} node-0 ---")
         for line in lines:
             print(line.rstrip("\n"), flush=True)
+
+
+def next_attempt(be: Any, request: Any, manifest: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """Reattach to this step's TrainJob unless it already Failed: then the retry gets a fresh attempt.
+
+    A KFP retry (retry policy, or a retried run) after a failed TrainJob must train again, not re-read
+    the old failure; attempt keys are deterministic, so a restarted retry still reattaches to its attempt.
+    """
+    from trainflow.core import JobState, TrainJobNotFound
+
+    base = request.idempotency_key
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        name = manifest["metadata"]["name"]
+        namespace = manifest["metadata"].get("namespace") or be.namespace
+        try:
+            existing = be.get(f"{namespace}/{name}")
+        except TrainJobNotFound:
+            return request, manifest
+        if existing.state is not JobState.FAILED:
+            log(f"reattaching to TrainJob {namespace}/{name} ({existing.state.value}) from an earlier try")
+            return request, manifest
+        log(
+            f"TrainJob {namespace}/{name} of an earlier try Failed ({existing.reason}); starting attempt {attempt + 1}"
+        )
+        request = request.model_copy(update={"idempotency_key": f"{base}#attempt-{attempt + 1}"})
+        manifest = be.render(request)
+    raise _invalid(
+        "idempotency_key", f"{MAX_ATTEMPTS} attempts of this step already failed", "start a new run"
+    )
 
 
 def fail(message: str) -> SystemExit:
@@ -456,7 +526,8 @@ def _run_train_job(
             if not any(v.get("claim_name") == pvc["claim_name"] for v in fields.get("volumes") or []):
                 fields["volumes"] = [*(fields.get("volumes") or []), pvc]
 
-    key_params = {k: v for k, v in params.items() if k not in ("run_id", "task_name", "timeout", "on_cancel")}
+    volatile = ("run_id", "task_name", "timeout", "on_cancel", "stream_logs")
+    key_params = {k: v for k, v in params.items() if k not in volatile}
     key = identity_key(
         idempotency_key=params.get("idempotency_key"),
         run_id=params.get("run_id"),
@@ -489,6 +560,8 @@ def _run_train_job(
     be = _backend(backend_name, _clean(params.get("namespace")), params.get("backend_config"))
     runtime = be.get_runtime(request.runtime, request.runtime_kind)
     manifest = be.render(request)  # full validation; raises InvalidRequest naming the field, submits nothing
+    if request.idempotency_key:
+        request, manifest = next_attempt(be, request, manifest)
     name = manifest["metadata"]["name"]
     namespace = manifest["metadata"].get("namespace") or be.namespace
     log(f"TrainJob {namespace}/{name} (runtime {runtime.name}, backend {be.name}, key {key or '-'})")
@@ -498,18 +571,25 @@ def _run_train_job(
             log(f"on_cancel=keep: TrainJob {namespace}/{name} keeps running")
             return
         deleted = be.cancel(f"{namespace}/{name}")
-        log(f"TrainJob {namespace}/{name} {'deleted' if deleted else 'was already gone'}")
+        with contextlib.suppress(Exception):
+            log(f"TrainJob {namespace}/{name} {'deleted' if deleted else 'was already gone'}")
 
     with cancel_on_sigterm(cancel):
         ref = be.submit(request)
         log(f"submitted/attached TrainJob {ref}")
+        follower = stream_logs(be, ref) if params.get("stream_logs", True) else None
         try:
             result = be.wait(ref, timeout=timeout, raise_on_failure=True, on_update=_on_update_printer())
         except TrainJobFailed as exc:
-            _print_logs(be, ref)
+            if follower is None:
+                _print_logs(be, ref)
+            else:
+                follower.join(timeout=5)
             raise fail(str(exc)) from None
         except WaitTimeout as exc:
             raise fail(f"{exc} (timeout={timeout}s); raise 'timeout' or check the job") from None
+        if follower is not None:
+            follower.join(timeout=5)  # let the last lines through
     if not result.succeeded:  # never green for a job that did not complete
         raise fail(f"TrainJob {ref} ended {result.state.value}: {result.reason or ''} {result.message or ''}")
 

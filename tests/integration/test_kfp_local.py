@@ -1,0 +1,283 @@
+"""trainflow's KFP components under the real kfp.local SubprocessRunner on the real local engine.
+
+Components are built with install_kfp_package=False and no packages, so nothing is downloaded; the
+component subprocesses and the trainer processes import trainflow and dags_examples from this checkout.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kfp import local
+
+from trainflow.core import JobState, get_backend
+from trainflow.kfp import make_train_job_component, make_wait_train_job_component
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "dags_examples"
+IMAGE = "python:3.11"
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A fresh local-engine home and pipeline root; dags_examples importable by steps and trainers."""
+    home = tmp_path / "home"
+    root = tmp_path / "root"
+    path = os.pathsep.join(p for p in (str(EXAMPLES), os.environ.get("PYTHONPATH", "")) if p)
+    monkeypatch.setenv("PYTHONPATH", path)
+    monkeypatch.delenv("TRAINFLOW_HOME", raising=False)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
+    return {"home": home, "root": root, "backend_config": {"home": str(home)}}
+
+
+def job_dirs(home: Path) -> list[Path]:
+    base = home / "jobs" / "default"
+    return sorted(p for p in base.iterdir() if not p.name.startswith(".")) if base.exists() else []
+
+
+def train_op() -> Any:
+    return make_train_job_component(base_image=IMAGE, packages_to_install=(), install_kfp_package=False)
+
+
+def load_example() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "kfp_train_pipeline_local", EXAMPLES / "kfp_train_pipeline.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_example_pipeline_trains_evaluates_and_promotes(
+    env: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    pipeline = load_example().build_pipeline(
+        backend="local", base_image=IMAGE, install_kfp_package=False, backend_config=env["backend_config"]
+    )
+    started = time.monotonic()
+    pipeline()
+    elapsed = time.monotonic() - started
+    out = capsys.readouterr().out
+    print(f"example pipeline ran in {elapsed:.1f}s")  # recorded with -s / in the report
+    (run_dir,) = list(env["root"].iterdir())
+
+    # one TrainJob, Complete, trained by 2 nodes x 2 procs
+    (jobdir,) = job_dirs(env["home"])
+    result = get_backend("local", home=env["home"]).get(jobdir.name)
+    assert result.state is JobState.COMPLETE
+    assert json.loads((jobdir / "output" / "training.json").read_text())["world_size"] == 4
+    assert "world_size=4" in out
+
+    # the Model artifact holds the trainer's weights, byte for byte, and they load with torch
+    model_dir = run_dir / "train-job" / "model"
+    assert (model_dir / "model.pt").read_bytes() == (jobdir / "output" / "model.pt").read_bytes()
+    state = torch.load(model_dir / "model.pt", weights_only=True)
+    assert torch.allclose(state["weight"], torch.tensor([[3.0, -2.0]]), atol=0.05)
+
+    # Metrics: train_loss from the trainer; mse from the evaluate step that loaded the weights
+    train_metrics = json.loads((run_dir / "train-job" / "executor_output.json").read_text())
+    logged = train_metrics["artifacts"]["metrics"]["artifacts"][0]["metadata"]
+    assert logged["train_loss"] < 0.01
+    model_meta = train_metrics["artifacts"]["model"]["artifacts"][0]["metadata"]
+    assert model_meta["job_name"] == jobdir.name and model_meta["runtime"] == "torch-distributed"
+    assert model_meta["framework"] == "torch" and "model.pt" in model_meta["files"]
+    assert f"evaluate: loaded {model_dir / 'model.pt'} from TrainJob {jobdir.name}" in out
+    eval_out = json.loads((run_dir / "evaluate" / "executor_output.json").read_text())
+    mse = eval_out["parameterValues"]["Output"]
+    assert 0 <= mse < 0.01
+
+    # dsl.If took the promote branch and registered the model
+    registrations = list(run_dir.rglob("registration"))
+    assert len(registrations) == 1
+    record = json.loads(registrations[0].read_text())
+    assert record["stage"] == "production" and record["job_name"] == jobdir.name and record["mse"] == mse
+    assert "promote: registered" in out and "reject:" not in out
+
+
+def test_retried_step_reattaches_to_its_trainjob(env: dict[str, Any]) -> None:
+    op = train_op()
+    kwargs = dict(
+        runtime="torch-distributed",
+        command=["python3", "-c", "import time; time.sleep(1); print('trained')"],
+        num_nodes=1,
+        backend="local",
+        backend_config=env["backend_config"],
+        run_id="run-123",
+        task_name="train-job",
+    )
+    first = op(**kwargs)
+    second = op(**kwargs)  # the retry: same run id, task name and arguments
+    assert first.outputs["job_name"] == second.outputs["job_name"]
+    assert second.outputs["state"] == "Complete"
+    assert [d.name for d in job_dirs(env["home"])] == [first.outputs["job_name"]]
+    other = op(**{**kwargs, "run_id": "run-456"})  # another run is another job
+    assert other.outputs["job_name"] != first.outputs["job_name"]
+    assert len(job_dirs(env["home"])) == 2
+
+
+def test_failed_trainjob_fails_the_step_with_reason(
+    env: dict[str, Any], capfd: pytest.CaptureFixture[str]
+) -> None:
+    op = train_op()
+    kwargs = dict(
+        runtime="torch-distributed",
+        command=["python3", "-c", "import sys; print('bad batch', flush=True); sys.exit(3)"],
+        num_nodes=1,
+        backend="local",
+        backend_config=env["backend_config"],
+        run_id="run-fail",
+        task_name="train-job",
+    )
+    with pytest.raises(RuntimeError, match="FAILURE"):
+        op(**kwargs)
+    out = capfd.readouterr().out
+    assert "[trainflow] ERROR: TrainJob default/" in out and "failed" in out
+    assert (
+        "exit" in out and "3" in out and "bad batch" in out
+    )  # reason, exit code and log tail in the step log
+    (jobdir,) = job_dirs(env["home"])
+    assert get_backend("local", home=env["home"]).get(jobdir.name).state is JobState.FAILED
+
+    # a retry of the failed step trains again (new attempt), it does not re-read the old failure
+    with pytest.raises(RuntimeError, match="FAILURE"):
+        op(**kwargs)
+    assert "starting attempt 2" in capfd.readouterr().out
+    assert len(job_dirs(env["home"])) == 2
+
+
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        ({"num_nodes": -2}, "num_nodes"),
+        ({"secret_env": {"API_KEY": "not-a-ref"}}, "secret_env.API_KEY"),
+        ({"env": {"DB_PASSWORD": "hunter2"}}, "env.DB_PASSWORD"),
+        ({"runtime": "no-such-runtime"}, "runtime"),
+        ({"on_cancel": "explode"}, "on_cancel"),
+    ],
+)
+def test_bad_input_fails_before_any_job_exists(
+    env: dict[str, Any], capfd: pytest.CaptureFixture[str], bad: dict[str, Any], field: str
+) -> None:
+    kwargs = dict(
+        runtime="torch-distributed",
+        command=["python3", "-c", "print(1)"],
+        backend="local",
+        backend_config=env["backend_config"],
+        run_id="run-bad",
+        task_name="train-job",
+    )
+    with pytest.raises(RuntimeError, match="FAILURE"):
+        train_op()(**{**kwargs, **bad})
+    out = capfd.readouterr().out
+    assert "invalid TrainJob request" in out and f"{field}:" in out and "nothing was submitted" in out
+    errors = [line for line in out.splitlines() if "[trainflow] ERROR" in line]
+    assert errors and not any("hunter2" in line for line in errors)  # the value is not echoed in the error
+    assert job_dirs(env["home"]) == []
+
+
+def test_wait_train_job_for_a_job_created_elsewhere(env: dict[str, Any]) -> None:
+    be = get_backend("local", home=env["home"])
+    ref = be.submit(
+        {"command": ["python3", "-c", "print('elsewhere')"], "num_nodes": 1, "name": "made-elsewhere"}
+    )
+    op = make_wait_train_job_component(base_image=IMAGE, packages_to_install=(), install_kfp_package=False)
+    task = op(job_name=ref.name, backend="local", backend_config=env["backend_config"], timeout=120.0)
+    assert task.outputs["state"] == "Complete"
+    assert json.loads(task.outputs["result"])["name"] == "made-elsewhere"
+
+
+SIGTERM_SCRIPT = """
+import signal
+import sys
+from kfp import local
+
+# Like a launcher that outlives its command: keep streaming the step's log after SIGTERM (a Python handler,
+# unlike SIG_IGN, is not inherited by the step process).
+signal.signal(signal.SIGTERM, lambda *_: None)
+from trainflow.kfp import make_train_job_component
+
+local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=sys.argv[2])
+op = make_train_job_component(base_image="python:3.11", packages_to_install=(), install_kfp_package=False)
+code = (
+    "import os, time; "
+    "open(os.path.join(%r, 'pid-%%d' %% os.getpid()), 'w').write(str(os.getpid())); "
+    "time.sleep(600)"
+) % sys.argv[3]
+op(runtime="torch-distributed", command=["python3", "-c", code], num_nodes=2, backend="local",
+   backend_config={"home": sys.argv[1]}, run_id="run-term", task_name="train-job", on_cancel=sys.argv[4])
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
+
+
+def _start_step(tmp_path: Path, home: Path, on_cancel: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = tmp_path / "step.py"
+    script.write_text(textwrap.dedent(SIGTERM_SCRIPT))
+    log = tmp_path / "step.log"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(home), str(tmp_path / "root"), str(pids), on_cancel],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, like a step container signalled as a whole
+    )
+    deadline = time.monotonic() + 120
+    while len(list(pids.glob("pid-*"))) < 2:  # both trainer nodes are running
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    return proc, pids, log
+
+
+def test_sigterm_deletes_the_trainjob_and_stops_its_processes(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc, pids, log = _start_step(tmp_path, home, "delete")
+    trainer_pids = [int(p.read_text()) for p in pids.glob("pid-*")]
+    assert all(_alive(pid) for pid in trainer_pids)
+    os.killpg(proc.pid, signal.SIGTERM)  # pipeline run terminated: the step's processes get SIGTERM
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in trainer_pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    text = log.read_text()
+    assert proc.returncode != 0, text
+    assert "received signal 15" in text and "deleted" in text, text
+    assert "FAILURE" in text, text  # the step failed (exit 143), it did not go green
+    assert not any(_alive(pid) for pid in trainer_pids), "trainer processes survived the cancel"
+    assert job_dirs(home) == [], "the TrainJob still exists after SIGTERM"
+    assert get_backend("local", home=home).list() == []
+
+
+def test_sigterm_with_on_cancel_keep_leaves_the_job_running(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc, pids, log = _start_step(tmp_path, home, "keep")
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert "on_cancel=keep" in log.read_text()
+    assert all(_alive(int(p.read_text())) for p in pids.glob("pid-*"))
+    be = get_backend("local", home=home)
+    (job,) = be.list()
+    assert job.state in (JobState.RUNNING, JobState.CREATED)
+    assert be.cancel(job.name)  # clean up what we kept
