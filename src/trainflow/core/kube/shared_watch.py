@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import logging
+import sys
 import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -233,6 +235,7 @@ class WatchRegistry:
 
     def __init__(self) -> None:
         self.watches: dict[WatchKey, NamespaceWatch] = {}
+        self.key_stats: dict[WatchKey, SharedWatchStats] = {}  # cumulative, survives watch restarts
         self.started = 0
 
     @property
@@ -240,17 +243,21 @@ class WatchRegistry:
         return sum(1 for w in self.watches.values() if w.task is not None and not w.task.done())
 
     def stats(self, key: WatchKey) -> SharedWatchStats | None:
-        watch = self.watches.get(key)
-        return watch.stats if watch else None
+        """Cumulative counters of the shared watch for one (server, namespace) in this loop."""
+        return self.key_stats.get(key)
 
     @contextlib.asynccontextmanager
     async def subscribe(
         self, key: WatchKey, config_factory: ConfigFactory, name: str
     ) -> AsyncIterator[Mailbox]:
         """Register a waiter for one TrainJob name; yields its Mailbox, pre-filled from the cache."""
+        if "kubernetes_asyncio.client" not in sys.modules:
+            # a big generated package: import it in a thread, never block the loop (Airflow triggerer)
+            await asyncio.to_thread(importlib.import_module, "kubernetes_asyncio.client")
         watch = self.watches.get(key)
         if watch is None or watch.task is None or watch.task.done():
-            watch = NamespaceWatch(key=key, config_factory=config_factory)
+            stats = self.key_stats.setdefault(key, SharedWatchStats())
+            watch = NamespaceWatch(key=key, config_factory=config_factory, stats=stats)
             self.watches[key] = watch
             watch.task = asyncio.get_running_loop().create_task(watch.run(), name=f"trainflow-watch-{key[1]}")
             self.started += 1
@@ -284,14 +291,21 @@ class WatchRegistry:
         loop = asyncio.get_running_loop()
         end = None if timeout is None else loop.time() + timeout
         if box.version == 0 and box.error is None:
-            # not in the cache yet: give the watch a moment to deliver ADDED, then ask the server once
-            grace = GRACE if timeout is None else min(GRACE, timeout)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(box.changed.wait(), grace)
+            watch = self.watches.get(key)
+            if watch is None:
+                raise BackendError("the shared TrainJob watch stopped")
+            # the first list answers every waiter registered before it
+            try:
+                remaining = None if end is None else max(0.0, end - loop.time())
+                await asyncio.wait_for(watch.synced.wait(), remaining)
+            except TimeoutError:
+                return None
             if box.version == 0 and box.error is None:
-                watch = self.watches.get(key)
-                if watch is None:
-                    raise BackendError("the shared TrainJob watch stopped")
+                # not in the cache: give the watch a moment to deliver ADDED, then ask the server once
+                grace = GRACE if end is None else max(0.0, min(GRACE, end - loop.time()))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(box.changed.wait(), grace)
+            if box.version == 0 and box.error is None:
                 obj = await watch.get(box.name)
                 if box.version == 0:
                     if obj is None:
