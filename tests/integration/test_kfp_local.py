@@ -200,7 +200,8 @@ def test_wait_train_job_for_a_job_created_elsewhere(env: dict[str, Any]) -> None
     assert json.loads(task.outputs["result"])["name"] == "made-elsewhere"
 
 
-SIGTERM_SCRIPT = """
+STEP_SCRIPT = """
+import json
 import signal
 import sys
 from kfp import local
@@ -210,16 +211,29 @@ from kfp import local
 signal.signal(signal.SIGTERM, lambda *_: None)
 from trainflow.kfp import make_train_job_component
 
-local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=sys.argv[2])
+local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=sys.argv[1])
 op = make_train_job_component(base_image="python:3.11", packages_to_install=(), install_kfp_package=False)
-code = (
-    "import os, time; "
-    "open(os.path.join(%r, 'pid-%%d' %% os.getpid()), 'w').write(str(os.getpid())); "
-    "time.sleep(600)"
-) % sys.argv[3]
-op(runtime="torch-distributed", command=["python3", "-c", code], num_nodes=2, backend="local",
-   backend_config={"home": sys.argv[1]}, run_id="run-term", task_name="train-job", on_cancel=sys.argv[4])
+op(**json.loads(sys.argv[2]))
 """
+
+
+def step_kwargs(home: Path, pids: Path, on_cancel: str, sleep: float) -> dict[str, Any]:
+    """A 2-node job whose trainers record their pids, then sleep."""
+    code = (
+        "import os, time; "
+        f"open(os.path.join({str(pids)!r}, 'pid-%d' % os.getpid()), 'w').write(str(os.getpid())); "
+        f"time.sleep({sleep})"
+    )
+    return dict(
+        runtime="torch-distributed",
+        command=["python3", "-c", code],
+        num_nodes=2,
+        backend="local",
+        backend_config={"home": str(home)},
+        run_id="run-term",
+        task_name="train-job",
+        on_cancel=on_cancel,
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -231,14 +245,17 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
 
 
-def _start_step(tmp_path: Path, home: Path, on_cancel: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
+def _start_step(
+    tmp_path: Path, home: Path, on_cancel: str, sleep: float = 600
+) -> tuple[subprocess.Popen[bytes], Path, Path, dict[str, Any]]:
     pids = tmp_path / "pids"
     pids.mkdir()
     script = tmp_path / "step.py"
-    script.write_text(textwrap.dedent(SIGTERM_SCRIPT))
+    script.write_text(textwrap.dedent(STEP_SCRIPT))
     log = tmp_path / "step.log"
+    kwargs = step_kwargs(home, pids, on_cancel, sleep)
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(home), str(tmp_path / "root"), str(pids), on_cancel],
+        [sys.executable, str(script), str(tmp_path / "root"), json.dumps(kwargs)],
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group, like a step container signalled as a whole
@@ -248,12 +265,12 @@ def _start_step(tmp_path: Path, home: Path, on_cancel: str) -> tuple[subprocess.
         assert proc.poll() is None, log.read_text()
         assert time.monotonic() < deadline, log.read_text()
         time.sleep(0.2)
-    return proc, pids, log
+    return proc, pids, log, kwargs
 
 
 def test_sigterm_deletes_the_trainjob_and_stops_its_processes(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    proc, pids, log = _start_step(tmp_path, home, "delete")
+    proc, pids, log, _ = _start_step(tmp_path, home, "delete")
     trainer_pids = [int(p.read_text()) for p in pids.glob("pid-*")]
     assert all(_alive(pid) for pid in trainer_pids)
     os.killpg(proc.pid, signal.SIGTERM)  # pipeline run terminated: the step's processes get SIGTERM
@@ -272,7 +289,7 @@ def test_sigterm_deletes_the_trainjob_and_stops_its_processes(tmp_path: Path) ->
 
 def test_sigterm_with_on_cancel_keep_leaves_the_job_running(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    proc, pids, log = _start_step(tmp_path, home, "keep")
+    proc, pids, log, _ = _start_step(tmp_path, home, "keep")
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=60)
     assert "on_cancel=keep" in log.read_text()
@@ -281,3 +298,19 @@ def test_sigterm_with_on_cancel_keep_leaves_the_job_running(tmp_path: Path) -> N
     (job,) = be.list()
     assert job.state in (JobState.RUNNING, JobState.CREATED)
     assert be.cancel(job.name)  # clean up what we kept
+
+
+def test_restarted_step_reattaches_to_the_running_trainjob(
+    env: dict[str, Any], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    home = env["home"]
+    proc, pids, _log, kwargs = _start_step(tmp_path, home, "delete", sleep=6)
+    os.killpg(proc.pid, signal.SIGKILL)  # the step's pod is lost: no chance to cancel anything
+    proc.wait(timeout=30)
+    (jobdir,) = job_dirs(home)
+    assert get_backend("local", home=home).get(jobdir.name).state is JobState.RUNNING
+    task = train_op()(**kwargs)  # the restarted step, same run id / task name / arguments
+    assert task.outputs["job_name"] == jobdir.name and task.outputs["state"] == "Complete"
+    assert f"reattaching to TrainJob default/{jobdir.name} (Running)" in capfd.readouterr().out
+    assert job_dirs(home) == [jobdir]
+    assert len(list(pids.glob("pid-*"))) == 2  # the trainers ran once, not twice
