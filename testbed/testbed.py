@@ -71,6 +71,14 @@ COMPONENTS = [
 ]
 
 KWOK_NODES = ["kwok-node-0", "kwok-node-1"]
+# What every simulated container "prints" (served by kwok for pods/log requests).
+# CRI log format ("<RFC3339Nano> <stream> <F|P> <line>"), which kwok parses.
+SIMULATED_LOG = (
+    "2026-01-01T00:00:00.000000000Z stdout F [trainflow-testbed] simulated container log (kwok)\n"
+    "2026-01-01T00:00:01.000000000Z stdout F step=1 loss=0.90\n"
+    "2026-01-01T00:00:02.000000000Z stdout F step=2 loss=0.45\n"
+    "2026-01-01T00:00:03.000000000Z stderr F training finished\n"
+)
 FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
 
 # Trainer's TrainJobStatus feature gate is left off; see README.md for why.
@@ -656,7 +664,16 @@ def up(L: Layout, trainer_upstream: Path) -> None:
           "options": {"podPlayStageParallelism": 4, "nodePlayStageParallelism": 2,
                       "nodeLeaseParallelism": 2, "podsOnNodeSyncParallelism": 1,
                       "nodeLeaseDurationSeconds": 40, "enablePodsOnNodeSyncListPager": True,
-                      "enablePodsOnNodeSyncStreamWatch": False}}] + stages, sort_keys=False))
+                      "enablePodsOnNodeSyncStreamWatch": False,
+                      # kwok does not default options given in a config file
+                      "enableDebuggingHandlers": True, "enableProfilingHandler": False,
+                      "enableContentionProfiling": False}}] + stages, sort_keys=False))
+    # Container logs served by kwok's "kubelet" endpoint (kubectl logs / read_namespaced_pod_log).
+    (L.etc / "container.log").write_text(SIMULATED_LOG)
+    (L.etc / "kwok.yaml").write_text((L.etc / "kwok.yaml").read_text() + "---\n" + yaml.safe_dump({
+        "apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterLogs",
+        "metadata": {"name": "trainflow-testbed-logs"},
+        "spec": {"logs": [{"logsFile": str(L.etc / "container.log"), "follow": False}]}}))
     start(L, "kwok", [
         L.b("kwok"), "--kubeconfig", str(L.kubeconfig), "--config", str(L.etc / "kwok.yaml"),
         "--manage-all-nodes=false",
@@ -754,6 +771,7 @@ def up(L: Layout, trainer_upstream: Path) -> None:
         "webhooks": True,
         "trainer_feature_gates": TRAINER_FEATURE_GATES,
         "kwok_nodes": KWOK_NODES, "kwok_fail_label": FAIL_LABEL,
+        "simulated_log_lines": [ln.split(" ", 3)[3] for ln in SIMULATED_LOG.splitlines()],
         "runtimes": [r["metadata"]["name"] for r in runtimes],
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "start_seconds": round(elapsed, 1),

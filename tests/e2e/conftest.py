@@ -212,6 +212,84 @@ def namespace(request, testbed: Testbed) -> Iterator[str]:
     delete_namespace(testbed, ns)
 
 
+def service_account_client(testbed: Testbed, namespace: str, name: str, create: bool = True):
+    """An ApiClient authenticated as ServiceAccount ``namespace/name`` (bound token via
+    the TokenRequest API), so RBAC is exercised for real. Creates the SA if asked."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(testbed.api_client)
+    if create:
+        try:
+            core.create_namespaced_service_account(
+                namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=name))
+            )
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+    tr = core.create_namespaced_service_account_token(
+        name,
+        namespace,
+        client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)),
+    )
+    cfg = client.Configuration()
+    cfg.host = testbed.server
+    cfg.ssl_ca_cert = str(testbed.dir / "pki" / "ca.crt")
+    cfg.api_key = {"authorization": "Bearer " + tr.status.token}
+    return client.ApiClient(cfg)
+
+
+def sa_kubeconfig(testbed: Testbed, namespace: str, name: str, path: Path) -> Path:
+    """Write a kubeconfig for ServiceAccount ``namespace/name`` (token from TokenRequest)."""
+    import yaml
+    from kubernetes import client
+
+    tr = client.CoreV1Api(testbed.api_client).create_namespaced_service_account_token(
+        name,
+        namespace,
+        client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)),
+    )
+    user = f"system:serviceaccount:{namespace}:{name}"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": testbed.context,
+                        "cluster": {
+                            "server": testbed.server,
+                            "certificate-authority": str(testbed.dir / "pki" / "ca.crt"),
+                        },
+                    }
+                ],
+                "users": [{"name": user, "user": {"token": tr.status.token}}],
+                "contexts": [
+                    {"name": user, "context": {"cluster": testbed.context, "user": user, "namespace": namespace}}
+                ],
+                "current-context": user,
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture
+def sa_api_client(testbed: Testbed):
+    """Factory fixture: ``sa_api_client(namespace, name)`` -> ApiClient acting as that
+    ServiceAccount (created if missing). Clients are closed after the test."""
+    made = []
+
+    def make(namespace: str, name: str, create: bool = True):
+        c = service_account_client(testbed, namespace, name, create=create)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
 def wait_until(fn: Callable[[], Any], timeout: float, desc: str, interval: float = 0.5) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None

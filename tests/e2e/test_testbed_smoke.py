@@ -337,6 +337,80 @@ def test_pod_stays_running_with_kwok_delay(k8s, namespace):
     wait_condition(k8s, ns, name, "Complete")
 
 
+def test_pod_logs_served_through_apiserver(k8s, namespace, testbed):
+    """kubectl-logs path: apiserver -> kwok's kubelet endpoint on 127.0.0.1."""
+    ns, name = namespace, "torch-logs"
+    create(k8s, ns, trainjob(name))
+    wait_condition(k8s, ns, name, "Complete")
+    rank0 = k8s.core.list_namespaced_pod(
+        ns,
+        label_selector=(
+            f"jobset.sigs.k8s.io/jobset-name={name},jobset.sigs.k8s.io/replicatedjob-name=node,"
+            "batch.kubernetes.io/job-completion-index=0"
+        ),
+    ).items
+    assert len(rank0) == 1
+    text = k8s.core.read_namespaced_pod_log(rank0[0].metadata.name, ns, container="node")
+    assert text.splitlines() == testbed.state["simulated_log_lines"]
+
+
+def test_rbac_is_enforced(k8s, namespace, sa_api_client):
+    """The API server authorizes with RBAC: a ServiceAccount can do only what a Role grants."""
+    ns = namespace
+    sa = sa_api_client(ns, "submitter")
+    sa_custom = client.CustomObjectsApi(sa)
+    with pytest.raises(client.ApiException) as ei:
+        sa_custom.create_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, ns, "trainjobs", trainjob("rbac-denied"))
+    assert ei.value.status == 403
+    assert "system:serviceaccount:" + ns + ":submitter" in json.loads(ei.value.body)["message"]
+
+    k8s.rbac.create_namespaced_role(
+        ns,
+        client.V1Role(
+            metadata=client.V1ObjectMeta(name="trainjob-submitter"),
+            rules=[
+                client.V1PolicyRule(
+                    api_groups=[TRAINER_GROUP], resources=["trainjobs"], verbs=["create", "get", "list", "watch"]
+                )
+            ],
+        ),
+    )
+    k8s.rbac.create_namespaced_role_binding(
+        ns,
+        client.V1RoleBinding(
+            metadata=client.V1ObjectMeta(name="trainjob-submitter"),
+            role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name="trainjob-submitter"),
+            subjects=[client.RbacV1Subject(kind="ServiceAccount", name="submitter", namespace=ns)],
+        ),
+    )
+    created = wait_until(
+        lambda: _try(
+            lambda: sa_custom.create_namespaced_custom_object(
+                TRAINER_GROUP, TRAINER_VERSION, ns, "trainjobs", trainjob("rbac-allowed")
+            )
+        ),
+        30,
+        "RBAC grant to take effect",
+    )
+    assert created["metadata"]["name"] == "rbac-allowed"
+    # still no delete, and nothing in another namespace
+    with pytest.raises(client.ApiException) as ei:
+        sa_custom.delete_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, ns, "trainjobs", "rbac-allowed")
+    assert ei.value.status == 403
+    with pytest.raises(client.ApiException) as ei:
+        sa_custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, "default", "trainjobs")
+    assert ei.value.status == 403
+
+
+def _try(fn):
+    try:
+        return fn()
+    except client.ApiException as e:
+        if e.status == 403:
+            return None
+        raise
+
+
 def _get_or_none(fn):
     try:
         return fn()
