@@ -230,7 +230,11 @@ def test_server_rejections_map_to_request_fields(backend, namespace):
 
 def test_wait_async_many_waiters_share_one_watch(backend, namespace, k8s):
     jobs = 12
-    refs = [backend.submit(request(f"e2e/async-{i}", num_nodes=1)) for i in range(jobs)]
+    # pods stay Running a while, so every waiter is attached before its job ends
+    refs = [
+        backend.submit(request(f"e2e/async-{i}", num_nodes=1, annotations={KWOK_COMPLETE_DELAY: "15s"}))
+        for i in range(jobs)
+    ]
 
     async def main():
         reg = registry()
@@ -252,6 +256,7 @@ def test_wait_async_many_waiters_share_one_watch(backend, namespace, k8s):
     assert started == 1
     assert after == 0, "the watch stops with its last waiter"
     assert stats.lists == 1 and stats.watches == 1, stats  # one list, one watch connection for everyone
+    assert stats.events >= jobs and stats.gets == 0, stats  # every Complete came through the shared watch
     print(f"\n{2 * jobs} async waiters on {jobs} jobs: one watch, {time.time() - t0:.1f}s, {stats}")
 
 

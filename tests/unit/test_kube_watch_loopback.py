@@ -38,6 +38,9 @@ class FakeApiServer:
         self.max_open_watches = 0
         self.list_requests = 0
         self.drop_generation = 0
+        self.pods: list[dict[str, Any]] = []
+        self.log_lines: list[tuple[float, str]] = []  # (epoch seconds, text)
+        self.log_requests: list[dict[str, str]] = []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -158,9 +161,49 @@ class FakeApiServer:
                     with fake.cond:
                         obj = fake.objects.get(name)
                     return self._json(200, obj) if obj else self._status(404, "NotFound")
-                if url.path == "/api/v1/namespaces/ns/pods" or url.path == "/api/v1/namespaces/ns/events":
+                if url.path == "/api/v1/namespaces/ns/pods":
+                    return self._json(200, {"kind": "List", "items": fake.pods, "metadata": {}})
+                if url.path == "/api/v1/namespaces/ns/events":
                     return self._json(200, {"kind": "List", "items": [], "metadata": {}})
+                if url.path.startswith("/api/v1/namespaces/ns/pods/") and url.path.endswith("/log"):
+                    return self._log(q)
                 return self._status(404, "NotFound")
+
+            def _log(self, q: dict[str, str]) -> None:
+                """Follow: first connection sends everything then tears; the next ends with the container."""
+                fake.log_requests.append(q)
+                first = len(fake.log_requests) == 1
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.send_header("Connection", "close")
+                self.end_headers()
+
+                def send(data: bytes) -> None:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+
+                lines = list(fake.log_lines)
+                if "sinceSeconds" in q:
+                    cutoff = time.time() - int(q["sinceSeconds"])
+                    lines = [entry for entry in lines if entry[0] >= cutoff]
+                if "tailLines" in q:
+                    lines = lines[-int(q["tailLines"]) :]
+                for ts, text in lines:
+                    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1e9):09d}Z"
+                    send(f"{stamp} {text}\n".encode())
+                if first:
+                    send(b"2026-11-29T10:00")  # torn line, then the connection drops
+                    self.connection.shutdown(2)
+                    return
+                now = time.time()
+                fake.log_lines += [(now, "line 6"), (now + 0.001, "line 7")]
+                for ts, text in fake.log_lines[-2:]:
+                    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1e9):09d}Z"
+                    send(f"{stamp} {text}\n".encode())
+                fake.pods[0]["status"]["containerStatuses"][0]["state"] = {"terminated": {"exitCode": 0}}
+                send(b"")
+                self.close_connection = True
 
             def _selected(self, q: dict[str, str], obj: dict[str, Any]) -> bool:
                 sel = q.get("fieldSelector")
@@ -357,3 +400,21 @@ def test_registries_are_per_event_loop(fake, backend):
 
     first, second = asyncio.run(one()), asyncio.run(one())
     assert first[1] == second[1] == "Complete"
+
+
+def test_follow_logs_reconnects_from_last_timestamp_without_replay(fake, backend):
+    fake.add("a")
+    fake.pods = [
+        {
+            "metadata": {"name": "a-node-0-0", "creationTimestamp": "2026-11-29T10:00:00Z", "labels": {}},
+            "status": {"phase": "Running", "containerStatuses": [{"name": "node", "state": {"running": {}}}]},
+        }
+    ]
+    now = time.time()
+    fake.log_lines = [(now - 5 + i * 0.5, f"line {i + 1}") for i in range(5)]
+    lines = list(backend.logs("a", follow=True, tail_lines=100))
+    assert lines == [f"line {i}" for i in range(1, 8)]  # each line once, in order
+    first, second = fake.log_requests
+    assert first["follow"].lower() == first["timestamps"].lower() == "true" and first["tailLines"] == "100"
+    assert "sinceSeconds" in second and "tailLines" not in second  # resumed, not replayed
+    assert second["container"] == "node"

@@ -431,7 +431,17 @@ class KubernetesBackend:
         reader = LogReader(
             self.api, r.namespace, step_target(r.name, step, self._runtime_of(obj)), pod_wait=pod_wait
         )
-        return reader.follow(tail_lines) if follow else reader.read(tail_lines)
+        lines = reader.follow(tail_lines) if follow else reader.read(tail_lines)
+        return self._translated(lines, r)
+
+    def _translated(self, lines: Iterator[str], ref: JobRef) -> Iterator[str]:
+        """API errors while reading a log become trainflow errors (403 names the verb and resource)."""
+        try:
+            yield from lines
+        except Exception as exc:
+            if retry.status_of(exc) is None:
+                raise
+            raise reraise(exc, "get", "pods/log", ref.namespace, ref.name) from exc
 
     def cancel(self, ref: JobRef | str) -> bool:
         """Delete the TrainJob (foreground: its JobSet and pods go first). False when it was already gone."""
