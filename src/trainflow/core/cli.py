@@ -231,7 +231,7 @@ def _int(text: str, option: str) -> int:
 @click.option("--context")
 @click.option("--home", envvar="TRAINFLOW_HOME", help="Local engine state directory.")
 @click.pass_context
-def cli(ctx: click.Context, **opts: Any) -> None:
+def cli(ctx: click.Context, /, **opts: Any) -> None:
     """Run Kubeflow Trainer TrainJobs from the command line, a cluster or this machine."""
     ctx.obj = opts
 
@@ -240,7 +240,7 @@ def cli(ctx: click.Context, **opts: Any) -> None:
 @_request_options
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of YAML.")
 @click.pass_context
-def render(ctx: click.Context, as_json: bool, **kw: Any) -> None:
+def render(ctx: click.Context, /, as_json: bool, **kw: Any) -> None:
     """Print the TrainJob manifest for a request; submits nothing."""
     request = _collect(kw)
     _emit(_backend(ctx).render(request), as_json)
@@ -256,7 +256,7 @@ def render(ctx: click.Context, as_json: bool, **kw: Any) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def submit(
-    ctx: click.Context, wait: bool, timeout: float | None, dry_run: bool, as_json: bool, **kw: Any
+    ctx: click.Context, /, wait: bool, timeout: float | None, dry_run: bool, as_json: bool, **kw: Any
 ) -> None:
     """Validate and submit a TrainJob (adopting an existing one with the same identity)."""
     request = _collect(kw)
