@@ -1,4 +1,5 @@
 # ruff: noqa: UP045  (kfp 2.17 reads typing.Optional, not PEP 604 unions, in component signatures)
+# mypy: disable-error-code="type-arg,valid-type"
 """Bodies of the trainflow KFP components. KFP embeds each function's source in the component, so every
 body imports what it needs inside; no ``from __future__ import annotations`` here (KFP reads real types).
 """

@@ -56,7 +56,8 @@ def _clean(value: Any) -> Any:
 
 def _resolved(value: str | None) -> str | None:
     """A KFP placeholder that the backend did not substitute arrives verbatim: treat it as missing."""
-    return _clean(value)
+    cleaned = _clean(value)
+    return str(cleaned) if cleaned is not None else None
 
 
 def identity_key(
@@ -626,6 +627,32 @@ def wait_for_train_job(
     metrics: Any | None = None,
 ) -> tuple[str, str]:
     """Wait on a TrainJob created elsewhere; fail the step when it fails. Returns (state, result JSON)."""
+    from trainflow.core import InvalidRequest
+
+    try:
+        return _wait_for_train_job(
+            job_name,
+            namespace=namespace,
+            backend=backend,
+            backend_config=backend_config,
+            timeout=timeout,
+            on_cancel=on_cancel,
+            metrics=metrics,
+        )
+    except InvalidRequest as exc:
+        raise fail(str(exc)) from None
+
+
+def _wait_for_train_job(
+    job_name: str,
+    *,
+    namespace: str | None,
+    backend: str,
+    backend_config: Mapping[str, Any] | None,
+    timeout: float | None,
+    on_cancel: str,
+    metrics: Any | None,
+) -> tuple[str, str]:
     from trainflow.core import TrainJobFailed, TrainJobNotFound, WaitTimeout
 
     if not _clean(job_name):
@@ -663,14 +690,14 @@ def get_train_job_state(
     backend_config: Mapping[str, Any] | None,
 ) -> tuple[str, str]:
     """Read one TrainJob's state without waiting; a missing job fails the step."""
-    from trainflow.core import TrainJobNotFound
+    from trainflow.core import InvalidRequest, TrainJobNotFound
 
-    if not _clean(job_name):
-        raise _invalid("job_name", "is empty", "give the TrainJob name (or namespace/name)")
-    be = _backend(backend, _clean(namespace), backend_config)
     try:
+        if not _clean(job_name):
+            raise _invalid("job_name", "is empty", "give the TrainJob name (or namespace/name)")
+        be = _backend(backend, _clean(namespace), backend_config)
         result = be.get(job_name)
-    except TrainJobNotFound as exc:
+    except (TrainJobNotFound, InvalidRequest) as exc:
         raise fail(str(exc)) from None
     log(f"TrainJob {result.namespace}/{result.name}: {result.state.value} {result.reason or ''}".rstrip())
     return result.state.value, json.dumps(result.to_dict(), sort_keys=True)
