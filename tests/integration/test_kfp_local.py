@@ -1,10 +1,10 @@
 """trainflow's KFP components under the real kfp.local SubprocessRunner on the real local engine.
 
+(No ``from __future__ import annotations``: KFP reads the real annotations of components defined here.)
+
 Components are built with install_kfp_package=False and no packages, so nothing is downloaded; the
 component subprocesses and the trainer processes import trainflow and dags_examples from this checkout.
 """
-
-from __future__ import annotations
 
 import importlib.util
 import json
@@ -314,3 +314,35 @@ def test_restarted_step_reattaches_to_the_running_trainjob(
     assert f"reattaching to TrainJob default/{jobdir.name} (Running)" in capfd.readouterr().out
     assert job_dirs(home) == [jobdir]
     assert len(list(pids.glob("pid-*"))) == 2  # the trainers ran once, not twice
+
+
+def test_dataset_artifact_reaches_the_trainer(env: dict[str, Any], capfd: pytest.CaptureFixture[str]) -> None:
+    from kfp import dsl
+
+    @dsl.component(base_image=IMAGE, install_kfp_package=False)
+    def make_data(data: dsl.Output[dsl.Dataset]) -> None:
+        with open(data.path, "w") as fh:
+            fh.write("x,y\n1,2\n")
+
+    op = train_op()
+
+    @dsl.pipeline
+    def with_dataset() -> None:
+        data = make_data()
+        op(
+            runtime="torch-distributed",
+            command=[
+                "python3",
+                "-c",
+                "import os; print('rows', open(os.environ['TRAINFLOW_DATASET_PATH']).read().count('\\n'))",
+            ],
+            num_nodes=1,
+            backend="local",
+            backend_config=env["backend_config"],
+            run_id="run-data",
+            task_name="train-job",
+            dataset=data.outputs["data"],
+        )
+
+    with_dataset()
+    assert "[node-0] rows 2" in capfd.readouterr().out
