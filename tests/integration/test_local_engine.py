@@ -308,6 +308,18 @@ def test_concurrent_submits_of_one_key_make_one_job(home: Path) -> None:
     assert staging == []
 
 
+def test_resubmit_starts_a_job_whose_submitter_died_before_starting_it(
+    backend: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request = {"idempotency_key": "crash/before/spawn", "command": worker("--report")}
+    with monkeypatch.context() as patch:  # simulate a crash between publishing the job and spawning it
+        patch.setattr(LocalBackend, "_spawn", lambda self, job: None)
+        ref = backend.submit(request)
+    assert backend.get(ref).state is JobState.CREATED  # within the start-up grace, not yet "lost"
+    assert backend.submit(request).uid == ref.uid  # the retry adopts it ... and starts it
+    assert backend.wait(ref, timeout=60).state is JobState.COMPLETE
+
+
 def test_logs_of_an_unknown_step_name_the_choices(backend: LocalBackend) -> None:
     ref = backend.submit({"name": "steps", "command": worker(), "num_nodes": 2})
     with pytest.raises(InvalidRequest, match="node-0, node-1") as info:

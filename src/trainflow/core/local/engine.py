@@ -212,6 +212,12 @@ class LocalBackend:
                     "choose another name, or cancel the existing job first"
                 )
         uid = (existing.get("metadata") or {}).get("uid")
+        job = self._job(jref)[1]
+        never_started = (
+            not job.supervisor.exists() and not self._spawn_alive(job) and not job.supervisor_alive()
+        )
+        if never_started and not store.is_terminal(existing) and not job.spawn.exists():
+            self._spawn(job)  # the first submitter died between creating the job and starting it
         return JobRef(name=jref.name, namespace=jref.namespace, uid=uid)
 
     def _spawn(self, job: store.JobDir) -> None:

@@ -37,6 +37,7 @@ from trainflow.core.local.supervisor import main
 sys.exit(main())
 """
 STOP_GRACE_SECONDS = 5.0
+METRICS_FOLD_SECONDS = 1.0
 
 
 class _Stop(Exception):
@@ -257,6 +258,7 @@ class Supervisor:
         self.launch()
         self.update_status(jobs=self.jobs_status())
         metrics_key: tuple[int, int] | None = None
+        metrics_folded = 0.0
         while True:
             time.sleep(POLL_SECONDS)
             self.check()
@@ -315,8 +317,9 @@ class Supervisor:
                 key = (st.st_ino, st.st_mtime_ns)
             except FileNotFoundError:
                 key = None
-            if key != metrics_key:
-                metrics_key = key
+            if key != metrics_key and time.monotonic() - metrics_folded >= METRICS_FOLD_SECONDS:
+                # readers overlay metrics.json live; folding it into the status file is for its own sake
+                metrics_key, metrics_folded = key, time.monotonic()
                 self.update_status(jobs=self.jobs_status())
 
     def run(self) -> int:
