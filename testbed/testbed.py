@@ -272,7 +272,12 @@ def pid_of(L: Layout, name: str) -> int | None:
 
 def running(L: Layout, name: str) -> bool:
     pid = pid_of(L, name)
-    return pid is not None and _alive(pid) and _ours(L, pid)
+    if pid is None or not _alive(pid):
+        return False
+    # Right after exec /proc/<pid>/environ can read empty; a reused pid would
+    # show a non-empty environment without our instance tag.
+    env = _proc_env(pid)
+    return not env or env.get(INSTANCE_ENV) == str(L.dir)
 
 
 def stop_all(L: Layout, timeout: float = 15.0) -> None:
@@ -773,6 +778,7 @@ def up(L: Layout, trainer_upstream: Path) -> None:
         "kwok_nodes": KWOK_NODES, "kwok_fail_label": FAIL_LABEL,
         "simulated_log_lines": [ln.split(" ", 3)[3] for ln in SIMULATED_LOG.splitlines()],
         "runtimes": [r["metadata"]["name"] for r in runtimes],
+        "trainer_upstream": str(trainer_upstream),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "start_seconds": round(elapsed, 1),
     }
