@@ -8,6 +8,11 @@ REPO_ROOT="$(cd "$TESTBED_SRC/.." && pwd)"
 TESTBED_CACHE="${TRAINFLOW_TESTBED_CACHE:-$HOME/.cache/trainflow-testbed}"
 TESTBED_DIR="${TRAINFLOW_TESTBED_DIR:-/tmp/trainflow-testbed}"
 
+# The Go toolchain (>= 1.26): PATH, else the usual install location.
+if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
+  export PATH="/usr/local/go/bin:$PATH"
+fi
+
 # Go caches live outside the repository, shared across keys.
 export GOPATH="$TESTBED_CACHE/go/path"
 export GOMODCACHE="$TESTBED_CACHE/go/mod"
