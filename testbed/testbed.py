@@ -563,10 +563,6 @@ def up(L: Layout, trainer_upstream: Path) -> None:
     if instance_pids(L):
         log("stale testbed processes found; stopping them first")
         stop_all(L)
-    busy = [f"{k}={p}" for k, p in L.ports.items() if not port_free(p)]
-    if busy:
-        raise TestbedError(f"ports in use on 127.0.0.1: {', '.join(busy)} "
-                           "(set TRAINFLOW_TESTBED_PORT_BASE to move the testbed)")
     t0 = time.time()
     for d in (L.pki, L.logs, L.pids, L.etc, L.data, L.dir / "tmp", L.dir / "webhook-certs"):
         if d.exists():
@@ -576,6 +572,10 @@ def up(L: Layout, trainer_upstream: Path) -> None:
             f.unlink()
     for d in (L.pki, L.logs, L.pids, L.etc, L.data, L.dir / "tmp" / "trainer"):
         d.mkdir(parents=True, exist_ok=True)
+    busy = [f"{k}={p}" for k, p in L.ports.items() if not port_free(p)]
+    if busy:
+        raise TestbedError(f"ports in use on 127.0.0.1: {', '.join(busy)} "
+                           "(set TRAINFLOW_TESTBED_PORT_BASE to move the testbed)")
     make_pki(L)
     write_kubeconfig(L, L.kubeconfig, "admin")
     write_kubeconfig(L, L.etc / "kube-controller-manager.kubeconfig", "kube-controller-manager")
