@@ -219,6 +219,14 @@ def test_failing_node_fails_the_job_and_stops_the_others(backend: LocalBackend) 
     assert "exit_code=4" in text and "node=1 exiting with 4" in text  # rank, code and its log tail
 
 
+def test_a_command_that_cannot_start_fails_clearly(backend: LocalBackend) -> None:
+    ref = backend.submit({"name": "nocmd", "command": ["no-such-trainer-xyz", "--flag"]})
+    with pytest.raises(TrainJobFailed, match="no-such-trainer-xyz") as info:
+        backend.wait(ref, timeout=30)
+    assert info.value.result.reason == "StartError"
+    assert "on PATH" in (info.value.result.message or "")
+
+
 def test_dead_supervisor_is_reported_failed_and_its_nodes_stopped(backend: LocalBackend) -> None:
     ref = backend.submit({"name": "lost", "command": worker("--sleep", "60"), "num_nodes": 2})
     wait_for(lambda: backend.get(ref).state is JobState.RUNNING)

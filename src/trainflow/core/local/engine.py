@@ -315,7 +315,7 @@ class LocalBackend:
         reason = result_from_trainjob(obj).reason or ""
         if failed:
             step = str(failed[0].get("step"))
-        elif reason == "SupervisorLost" or reason == "LocalEngineError":
+        elif reason in ("SupervisorLost", "LocalEngineError", "StartError"):
             step = "supervisor"
         else:
             step = (

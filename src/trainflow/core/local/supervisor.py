@@ -44,6 +44,10 @@ class _Stop(Exception):
     """The job is being cancelled (SIGTERM) or deleted."""
 
 
+class StartError(Exception):
+    """A node's command could not be started (not installed, not executable, bad working directory)."""
+
+
 class Node:
     """One local node: a process running the trainer command, its log, its exit."""
 
@@ -203,15 +207,22 @@ class Supervisor:
         for index in range(int(self.plan.get("launched_nodes", 1))):
             name = f"node-{index}" if step == "node" else step
             log = open(self.job.log(name), "ab")  # noqa: SIM115 - closed when the node exits
-            proc = subprocess.Popen(
-                self.plan["argv"],
-                env=self.child_env(index, port),
-                cwd=self.plan.get("cwd") or None,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            try:
+                proc = subprocess.Popen(
+                    self.plan["argv"],
+                    env=self.child_env(index, port),
+                    cwd=self.plan.get("cwd") or None,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                log.close()
+                raise StartError(
+                    f"cannot start node {index} ({self.plan['argv'][0]!r}): {exc.strerror or exc}; "
+                    "is it installed here and on PATH (this Python's bin directory is searched first)?"
+                ) from exc
             self.nodes.append(Node(index, step, proc, log))
         self.write_nodes()
         self.log(f"launched {len(self.nodes)} node(s) {[n.proc.pid for n in self.nodes]} port={port}")
@@ -354,10 +365,14 @@ class Supervisor:
             self.stop_nodes()
         except Exception as exc:
             self.stop_nodes()
+            reason, text = (
+                ("StartError", str(exc))
+                if isinstance(exc, StartError)
+                else ("LocalEngineError", f"{type(exc).__name__}: {exc}")
+            )
             with contextlib.suppress(FileNotFoundError):
                 self.update_status(
-                    conditions=[("Failed", True, "LocalEngineError", f"{type(exc).__name__}: {exc}"[:1000])],
-                    jobs=self.jobs_status(),
+                    conditions=[("Failed", True, reason, text[:1000])], jobs=self.jobs_status()
                 )
             self.log(f"error: {type(exc).__name__}: {exc}")
             return 1
