@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 from kubernetes import client as k8s_client
@@ -49,7 +51,7 @@ def test_kubeconfig_file_context_namespace_and_private_config(tmp_path, monkeypa
     path.write_text(yaml.safe_dump(kubeconfig("https://127.0.0.1:6443", {"a": "team-a", "b": "team-b"}, "a")))
     cc = load_cluster_config(kubeconfig=str(path))
     assert (cc.server, cc.namespace, cc.context) == ("https://127.0.0.1:6443", "team-a", "a")
-    assert cc.configuration.api_key["authorization"] == "Bearer t0ken"
+    assert "Bearer t0ken" in cc.configuration.api_key.values()
     assert cc.configuration.retries is False  # tenacity is the only retry layer
     assert load_cluster_config(kubeconfig=str(path), context="b").namespace == "team-b"
     assert load_cluster_config(kubeconfig=str(path), context="b", namespace="x").namespace == "x"
@@ -85,3 +87,61 @@ def test_in_cluster_without_service_account_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
     with pytest.raises(BackendError, match="in-cluster service account"):
         load_cluster_config()
+
+
+VERSION_FIELDS = (
+    "major",
+    "minor",
+    "gitVersion",
+    "gitCommit",
+    "gitTreeState",
+    "buildDate",
+    "goVersion",
+    "compiler",
+    "platform",
+)
+
+
+def test_token_reaches_the_server_from_sync_and_async_clients(tmp_path, monkeypatch):
+    """kubernetes 30 stores the token as 'authorization', kubernetes_asyncio reads 'BearerToken': both must send it."""
+    import asyncio
+    import http.server
+    import threading
+
+    from kubernetes_asyncio import client as async_client
+
+    from trainflow.core.kube.config import async_configuration, new_api_client
+
+    seen: list[str | None] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization"))
+            body = json.dumps({k: "x" for k in VERSION_FIELDS}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        path = tmp_path / "config"
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        path.write_text(yaml.safe_dump(kubeconfig(url, {"a": "ns"}, "a")))
+        cc = load_cluster_config(kubeconfig=str(path))
+        k8s_client.VersionApi(new_api_client(cc)).get_code()
+
+        async def async_get():
+            async with async_client.ApiClient(async_configuration(cc)) as api:
+                await async_client.VersionApi(api).get_code()
+
+        asyncio.run(async_get())
+    finally:
+        server.shutdown()
+    assert seen == ["Bearer t0ken", "Bearer t0ken"]

@@ -154,6 +154,15 @@ def new_api_client(cluster: ClusterConfig) -> k8s_client.ApiClient:
     return k8s_client.ApiClient(configuration=cluster.configuration)
 
 
+def bearer_keys(api_key: Mapping[str, str] | None) -> dict[str, str]:
+    """The token under both names clients use: kubernetes 30 says 'authorization', 37 and asyncio 'BearerToken'."""
+    keys = dict(api_key or {})
+    token = keys.get("BearerToken") or keys.get("authorization")
+    if token:
+        keys["BearerToken"] = keys["authorization"] = token
+    return keys
+
+
 def async_configuration(cluster: ClusterConfig) -> Any:
     """The same connection as a kubernetes_asyncio Configuration (copied fields; token refresh delegated)."""
     from kubernetes_asyncio.client import Configuration as AsyncConfiguration
@@ -172,7 +181,7 @@ def async_configuration(cluster: ClusterConfig) -> Any:
     ):
         if hasattr(src, attr) and hasattr(dst, attr):
             setattr(dst, attr, getattr(src, attr))
-    dst.api_key = dict(src.api_key or {})
+    dst.api_key = bearer_keys(src.api_key)
     dst.api_key_prefix = dict(src.api_key_prefix or {})
     if src.username or src.password:
         dst.username, dst.password = src.username, src.password
@@ -181,7 +190,7 @@ def async_configuration(cluster: ClusterConfig) -> Any:
 
         def refresh(conf: Any) -> None:
             hook(src)
-            conf.api_key = dict(src.api_key or {})
+            conf.api_key = bearer_keys(src.api_key)
 
         dst.refresh_api_key_hook = refresh
     return dst
