@@ -6,7 +6,7 @@ VENV := .venv
 RUN := $(UV) run --frozen --extra dev --no-sync
 PYTEST_FLAGS ?= -q
 
-.PHONY: setup demo test test-fast lint typecheck fmt components check-components e2e bench bench-full clean
+.PHONY: setup demo test test-fast test-k8s37 lint typecheck fmt components check-components e2e bench bench-full clean
 
 include testbed/testbed.mk
 
@@ -34,12 +34,21 @@ check-components: setup
 test-fast: setup
 	$(RUN) pytest -m "not e2e" $(PYTEST_FLAGS)
 
+# The core must work on kubernetes 30.x (with kfp) and 37.x (Airflow alone picks it): run its tests on 37 too.
+K8S37_VENV := $(HOME)/.cache/trainflow/venv-kubernetes-37
+test-k8s37: setup
+	@test -x $(K8S37_VENV)/bin/python || $(UV) venv -q -p 3.11 $(K8S37_VENV)
+	VIRTUAL_ENV=$(K8S37_VENV) $(UV) pip install -q -e . 'kubernetes==37.0.2' pytest pytest-timeout pytest-asyncio hypothesis
+	$(K8S37_VENV)/bin/python -c "import kubernetes; assert kubernetes.__version__.startswith('37.'), kubernetes.__version__"
+	$(K8S37_VENV)/bin/pytest $(PYTEST_FLAGS) -p no:cacheprovider tests/unit/test_kube_*.py tests/unit/test_result.py \
+	  tests/unit/test_validation.py tests/unit/test_manifest_golden.py tests/unit/test_crd_cel_rules.py
+
 # End-to-end: a real control plane (etcd, kube-apiserver, controllers, kwok, JobSet, Trainer) on loopback.
 e2e: setup
 	@set -e; trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh; \
 	  $(RUN) pytest -m e2e tests/e2e $(PYTEST_FLAGS)
 
-test: lint typecheck check-components test-fast e2e
+test: lint typecheck check-components test-fast test-k8s37 e2e
 
 demo: setup
 	bash scripts/demo.sh
