@@ -20,6 +20,7 @@ Only the standard library and PyYAML are used; certificates come from openssl.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -32,8 +33,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 try:
     import yaml
@@ -131,36 +133,96 @@ def _openssl(*args: str) -> None:
 def make_pki(L: Layout) -> None:
     p = L.pki
     p.mkdir(parents=True, exist_ok=True)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-sha256", "-days", "3650",
-             "-keyout", str(p / "ca.key"), "-out", str(p / "ca.crt"),
-             "-subj", "/CN=trainflow-testbed-ca",
-             "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature")
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-sha256",
+        "-days",
+        "3650",
+        "-keyout",
+        str(p / "ca.key"),
+        "-out",
+        str(p / "ca.crt"),
+        "-subj",
+        "/CN=trainflow-testbed-ca",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+    )
 
     def leaf(name: str, cn: str, org: str | None, sans: list[str], usage: str) -> None:
         subj = (f"/O={org}" if org else "") + f"/CN={cn}"
-        _openssl("req", "-new", "-newkey", "rsa:2048", "-nodes", "-sha256",
-                 "-keyout", str(p / f"{name}.key"), "-out", str(p / f"{name}.csr"), "-subj", subj)
-        ext = ["basicConstraints=CA:FALSE", "keyUsage=critical,digitalSignature,keyEncipherment",
-               f"extendedKeyUsage={usage}"]
+        _openssl(
+            "req",
+            "-new",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-sha256",
+            "-keyout",
+            str(p / f"{name}.key"),
+            "-out",
+            str(p / f"{name}.csr"),
+            "-subj",
+            subj,
+        )
+        ext = [
+            "basicConstraints=CA:FALSE",
+            "keyUsage=critical,digitalSignature,keyEncipherment",
+            f"extendedKeyUsage={usage}",
+        ]
         if sans:
             ext.append("subjectAltName=" + ",".join(sans))
         (p / f"{name}.ext").write_text("\n".join(ext) + "\n")
-        _openssl("x509", "-req", "-sha256", "-days", "3650", "-in", str(p / f"{name}.csr"),
-                 "-CA", str(p / "ca.crt"), "-CAkey", str(p / "ca.key"), "-CAcreateserial",
-                 "-out", str(p / f"{name}.crt"), "-extfile", str(p / f"{name}.ext"))
+        _openssl(
+            "x509",
+            "-req",
+            "-sha256",
+            "-days",
+            "3650",
+            "-in",
+            str(p / f"{name}.csr"),
+            "-CA",
+            str(p / "ca.crt"),
+            "-CAkey",
+            str(p / "ca.key"),
+            "-CAcreateserial",
+            "-out",
+            str(p / f"{name}.crt"),
+            "-extfile",
+            str(p / f"{name}.ext"),
+        )
 
     loop = ["IP:127.0.0.1", "DNS:localhost"]
-    leaf("apiserver", "kube-apiserver", None,
-         loop + ["IP:10.96.0.1", "DNS:kubernetes", "DNS:kubernetes.default",
-                 "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"],
-         "serverAuth")
+    leaf(
+        "apiserver",
+        "kube-apiserver",
+        None,
+        [
+            *loop,
+            "IP:10.96.0.1",
+            "DNS:kubernetes",
+            "DNS:kubernetes.default",
+            "DNS:kubernetes.default.svc",
+            "DNS:kubernetes.default.svc.cluster.local",
+        ],
+        "serverAuth",
+    )
     leaf("admin", "trainflow-testbed-admin", "system:masters", [], "clientAuth")
     leaf("kube-controller-manager", "system:kube-controller-manager", None, [], "clientAuth")
     leaf("kube-scheduler", "system:kube-scheduler", None, [], "clientAuth")
     # apiserver -> kwok "kubelet" (logs/exec) client identity
-    leaf("apiserver-kubelet-client", "kube-apiserver-kubelet-client", "kubeadm:cluster-admins", [],
-         "clientAuth")
+    leaf(
+        "apiserver-kubelet-client",
+        "kube-apiserver-kubelet-client",
+        "kubeadm:cluster-admins",
+        [],
+        "clientAuth",
+    )
     # serving certs for everything else listening on loopback
     leaf("serving", "trainflow-testbed-loopback", None, loop, "serverAuth")
     # service-account token signing key
@@ -184,14 +246,27 @@ def write_kubeconfig(L: Layout, path: Path, user: str) -> None:
     cfg = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": CONTEXT, "cluster": {
-            "server": f"https://127.0.0.1:{L.ports['apiserver']}",
-            "certificate-authority": str(L.pki / "ca.crt")}}],
-        "users": [{"name": user, "user": {
-            "client-certificate": str(L.pki / f"{user}.crt"),
-            "client-key": str(L.pki / f"{user}.key")}}],
-        "contexts": [{"name": CONTEXT, "context": {"cluster": CONTEXT, "user": user,
-                                                  "namespace": "default"}}],
+        "clusters": [
+            {
+                "name": CONTEXT,
+                "cluster": {
+                    "server": f"https://127.0.0.1:{L.ports['apiserver']}",
+                    "certificate-authority": str(L.pki / "ca.crt"),
+                },
+            }
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {
+                    "client-certificate": str(L.pki / f"{user}.crt"),
+                    "client-key": str(L.pki / f"{user}.key"),
+                },
+            }
+        ],
+        "contexts": [
+            {"name": CONTEXT, "context": {"cluster": CONTEXT, "user": user, "namespace": "default"}}
+        ],
         "current-context": CONTEXT,
     }
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -251,10 +326,16 @@ def start(L: Layout, name: str, argv: list[str], extra_env: dict[str, str] | Non
     env[INSTANCE_ENV] = str(L.dir)
     env.update(extra_env or {})
     (L.logs / f"{name}.cmd").write_text(" ".join(argv) + "\n")
-    logf = open(L.logs / f"{name}.log", "ab")
-    proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            cwd=str(L.dir), env=env, start_new_session=True)
-    logf.close()
+    with open(L.logs / f"{name}.log", "ab") as logf:
+        proc = subprocess.Popen(
+            argv,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=str(L.dir),
+            env=env,
+            start_new_session=True,
+        )
     (L.pids / f"{name}.pid").write_text(str(proc.pid))
     log(f"started {name} (pid {proc.pid})")
     return proc.pid
@@ -284,12 +365,10 @@ def stop_all(L: Layout, timeout: float = 15.0) -> None:
     names = list(reversed(COMPONENTS))
     for name in names:
         pid = pid_of(L, name)
-        if pid and _alive(pid) and _ours(L, pid):
+        if pid and running(L, name):
             log(f"stopping {name} (pid {pid})")
-            try:
+            with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGTERM)
-            except OSError:
-                pass
             deadline = time.time() + timeout
             while time.time() < deadline and _alive(pid):
                 time.sleep(0.1)
@@ -303,11 +382,10 @@ def stop_all(L: Layout, timeout: float = 15.0) -> None:
             break
         for pid in left:
             log(f"killing leftover testbed process {pid}")
-            for fn in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-                try:
-                    fn()
-                except OSError:
-                    pass
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         time.sleep(0.5)
     left = instance_pids(L)
     if left:
@@ -316,7 +394,7 @@ def stop_all(L: Layout, timeout: float = 15.0) -> None:
 
 def tail_logs(L: Layout, lines: int = 40) -> str:
     out = []
-    for name in COMPONENTS + ["setup"]:
+    for name in [*COMPONENTS, "setup"]:
         f = L.logs / f"{name}.log"
         if not f.exists():
             out.append(f"===== {name}: no log =====")
@@ -333,8 +411,14 @@ def tail_logs(L: Layout, lines: int = 40) -> str:
 # --------------------------------------------------------------------------- waiting
 
 
-def wait_for(desc: str, fn: Callable[[], Any], timeout: float, interval: float = 0.5,
-             watch: list[str] | None = None, L: Layout | None = None) -> Any:
+def wait_for(
+    desc: str,
+    fn: Callable[[], Any],
+    timeout: float,
+    interval: float = 0.5,
+    watch: list[str] | None = None,
+    L: Layout | None = None,
+) -> Any:
     deadline = time.time() + timeout
     last: Any = None
     while time.time() < deadline:
@@ -347,7 +431,7 @@ def wait_for(desc: str, fn: Callable[[], Any], timeout: float, interval: float =
             if r:
                 return r
             last = r
-        except Exception as e:  # noqa: BLE001 - keep polling, report last error
+        except Exception as e:
             last = e
         time.sleep(interval)
     raise TestbedError(f"timed out after {timeout:.0f}s waiting for {desc} (last: {last!r})")
@@ -394,8 +478,9 @@ class Kubectl:
         self.L = L
         self.bin = L.b("kubectl")
 
-    def run(self, *args: str, stdin: str | None = None, check: bool = True,
-            timeout: float = 120) -> subprocess.CompletedProcess:
+    def run(
+        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess:
         argv = [self.bin, "--kubeconfig", str(self.L.kubeconfig), *args]
         r = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout)
         with open(self.L.logs / "setup.log", "a") as f:
@@ -457,9 +542,10 @@ def webhook_configs(L: Layout) -> list[dict]:
     }
     for d in js_docs:
         d = json_patch(copy.deepcopy(d), yaml.safe_load(js_patch[d["kind"]].read_text()))
-        d["metadata"] = {"name": f"jobset-{d['kind'].replace('WebhookConfiguration', '').lower()}"
-                                 "-webhook-configuration",
-                         "labels": {"app.kubernetes.io/managed-by": "trainflow-testbed"}}
+        d["metadata"] = {
+            "name": f"jobset-{d['kind'].replace('WebhookConfiguration', '').lower()}-webhook-configuration",
+            "labels": {"app.kubernetes.io/managed-by": "trainflow-testbed"},
+        }
         out.append((d, L.ports["jobset_webhook"]))
 
     # Trainer: manifests/base/webhook/manifests.yaml + patch_{mutating,validating}.yaml
@@ -493,9 +579,15 @@ def kwok_stages(L: Layout) -> list[dict]:
     (exit code 1; override via the upstream ...stage.kwok.x-k8s.io/exit-code annotation).
     """
     assert L.bin is not None
-    delays_ms = {"pod-create": 200, "pod-init-container-running": 200,
-                 "pod-init-container-completed": 200, "pod-ready": 300, "pod-complete": 2000,
-                 "pod-delete": 0, "pod-container-running-failed": 2000}
+    delays_ms = {
+        "pod-create": 200,
+        "pod-init-container-running": 200,
+        "pod-init-container-completed": 200,
+        "pod-ready": 300,
+        "pod-complete": 2000,
+        "pod-delete": 0,
+        "pod-container-running-failed": 2000,
+    }
     stages = []
     for f in sorted((L.bin / "manifests" / "kwok").glob("*.yaml")):
         for d in load_yaml_docs(f):
@@ -511,13 +603,19 @@ def kwok_stages(L: Layout) -> list[dict]:
                 # ...stage.kwok.x-k8s.io/jitter-delay annotation still works.
                 delay.pop("jitterDurationMilliseconds", None)
             if name == "pod-complete":
-                spec["selector"]["matchExpressions"].append({
-                    "key": f'.metadata.labels["{FAIL_LABEL}"]', "operator": "NotIn",
-                    "values": ["true"]})
+                spec["selector"]["matchExpressions"].append(
+                    {"key": f'.metadata.labels["{FAIL_LABEL}"]', "operator": "NotIn", "values": ["true"]}
+                )
             stages.append(d)
     names = {s["metadata"]["name"] for s in stages}
-    need = {"node-initialize", "node-heartbeat-with-lease", "pod-ready", "pod-complete",
-            "pod-delete", "pod-container-running-failed"}
+    need = {
+        "node-initialize",
+        "node-heartbeat-with-lease",
+        "pod-ready",
+        "pod-complete",
+        "pod-delete",
+        "pod-container-running-failed",
+    }
     if not need <= names:
         raise TestbedError(f"kwok stages missing: {sorted(need - names)}")
     return stages
@@ -526,26 +624,52 @@ def kwok_stages(L: Layout) -> list[dict]:
 def kwok_nodes() -> list[dict]:
     nodes = []
     for n in KWOK_NODES:
-        nodes.append({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": n,
-                         "annotations": {"kwok.x-k8s.io/node": "fake",
-                                         "node.alpha.kubernetes.io/ttl": "0"},
-                         "labels": {"kubernetes.io/hostname": n, "kubernetes.io/os": "linux",
-                                    "kubernetes.io/arch": "amd64", "type": "kwok",
-                                    "node-role.kubernetes.io/worker": ""}},
-            "spec": {},
-            "status": {
-                "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110",
-                                "nvidia.com/gpu": "8", "ephemeral-storage": "1Ti"},
-                "capacity": {"cpu": "64", "memory": "256Gi", "pods": "110",
-                             "nvidia.com/gpu": "8", "ephemeral-storage": "1Ti"},
-                "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
-                             "kubeletVersion": "fake", "kubeProxyVersion": "fake",
-                             "bootID": "", "containerRuntimeVersion": "", "kernelVersion": "",
-                             "machineID": "", "osImage": "", "systemUUID": ""},
-            },
-        })
+        nodes.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": n,
+                    "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                    "labels": {
+                        "kubernetes.io/hostname": n,
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                        "type": "kwok",
+                        "node-role.kubernetes.io/worker": "",
+                    },
+                },
+                "spec": {},
+                "status": {
+                    "allocatable": {
+                        "cpu": "64",
+                        "memory": "256Gi",
+                        "pods": "110",
+                        "nvidia.com/gpu": "8",
+                        "ephemeral-storage": "1Ti",
+                    },
+                    "capacity": {
+                        "cpu": "64",
+                        "memory": "256Gi",
+                        "pods": "110",
+                        "nvidia.com/gpu": "8",
+                        "ephemeral-storage": "1Ti",
+                    },
+                    "nodeInfo": {
+                        "architecture": "amd64",
+                        "operatingSystem": "linux",
+                        "kubeletVersion": "fake",
+                        "kubeProxyVersion": "fake",
+                        "bootID": "",
+                        "containerRuntimeVersion": "",
+                        "kernelVersion": "",
+                        "machineID": "",
+                        "osImage": "",
+                        "systemUUID": "",
+                    },
+                },
+            }
+        )
     return nodes
 
 
@@ -558,7 +682,7 @@ def up(L: Layout, trainer_upstream: Path) -> None:
             if http_ok(f"https://127.0.0.1:{L.ports['apiserver']}/readyz", admin_ssl(L)):
                 log(f"testbed already up in {L.dir}")
                 return
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     if instance_pids(L):
         log("stale testbed processes found; stopping them first")
@@ -574,8 +698,10 @@ def up(L: Layout, trainer_upstream: Path) -> None:
         d.mkdir(parents=True, exist_ok=True)
     busy = [f"{k}={p}" for k, p in L.ports.items() if not port_free(p)]
     if busy:
-        raise TestbedError(f"ports in use on 127.0.0.1: {', '.join(busy)} "
-                           "(set TRAINFLOW_TESTBED_PORT_BASE to move the testbed)")
+        raise TestbedError(
+            f"ports in use on 127.0.0.1: {', '.join(busy)} "
+            "(set TRAINFLOW_TESTBED_PORT_BASE to move the testbed)"
+        )
     make_pki(L)
     write_kubeconfig(L, L.kubeconfig, "admin")
     write_kubeconfig(L, L.etc / "kube-controller-manager.kubeconfig", "kube-controller-manager")
@@ -585,173 +711,356 @@ def up(L: Layout, trainer_upstream: Path) -> None:
     api = f"https://127.0.0.1:{P['apiserver']}"
 
     # ---- etcd
-    start(L, "etcd", [
-        L.b("etcd"), "--name", "trainflow-testbed", "--data-dir", str(L.data / "etcd"),
-        "--listen-client-urls", f"http://127.0.0.1:{P['etcd']}",
-        "--advertise-client-urls", f"http://127.0.0.1:{P['etcd']}",
-        "--listen-peer-urls", f"http://127.0.0.1:{P['etcd_peer']}",
-        "--initial-advertise-peer-urls", f"http://127.0.0.1:{P['etcd_peer']}",
-        "--initial-cluster", f"trainflow-testbed=http://127.0.0.1:{P['etcd_peer']}",
-        "--listen-metrics-urls", "", "--quota-backend-bytes", str(2 * 1024**3),
-        "--unsafe-no-fsync", "--log-level", "warn",
-    ])
-    wait_for("etcd health", lambda: http_ok(f"http://127.0.0.1:{P['etcd']}/health"), 60,
-             watch=["etcd"], L=L)
+    start(
+        L,
+        "etcd",
+        [
+            L.b("etcd"),
+            "--name",
+            "trainflow-testbed",
+            "--data-dir",
+            str(L.data / "etcd"),
+            "--listen-client-urls",
+            f"http://127.0.0.1:{P['etcd']}",
+            "--advertise-client-urls",
+            f"http://127.0.0.1:{P['etcd']}",
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{P['etcd_peer']}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{P['etcd_peer']}",
+            "--initial-cluster",
+            f"trainflow-testbed=http://127.0.0.1:{P['etcd_peer']}",
+            "--listen-metrics-urls",
+            "",
+            "--quota-backend-bytes",
+            str(2 * 1024**3),
+            "--unsafe-no-fsync",
+            "--log-level",
+            "warn",
+        ],
+    )
+    wait_for("etcd health", lambda: http_ok(f"http://127.0.0.1:{P['etcd']}/health"), 60, watch=["etcd"], L=L)
 
     # ---- kube-apiserver
-    start(L, "kube-apiserver", [
-        L.b("kube-apiserver"),
-        "--etcd-servers", f"http://127.0.0.1:{P['etcd']}",
-        "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
-        "--secure-port", str(P["apiserver"]), "--cert-dir", str(L.dir / "tmp" / "apiserver"),
-        "--tls-cert-file", str(pki / "apiserver.crt"),
-        "--tls-private-key-file", str(pki / "apiserver.key"),
-        "--client-ca-file", str(pki / "ca.crt"),
-        "--authorization-mode", "Node,RBAC",
-        "--service-account-issuer", api,
-        "--service-account-key-file", str(pki / "sa.pub"),
-        "--service-account-signing-key-file", str(pki / "sa.key"),
-        "--service-cluster-ip-range", "10.96.0.0/16",
-        "--endpoint-reconciler-type", "none",
-        "--kubelet-client-certificate", str(pki / "apiserver-kubelet-client.crt"),
-        "--kubelet-client-key", str(pki / "apiserver-kubelet-client.key"),
-        "--kubelet-certificate-authority", str(pki / "ca.crt"),
-        "--kubelet-preferred-address-types", "InternalIP",
-        "--allow-privileged=true", "--profiling=false",
-        "--enable-admission-plugins", "NodeRestriction",
-        "--v", "1",
-    ])
-    wait_for("kube-apiserver /readyz",
-             lambda: http_ok(f"{api}/readyz", admin_ssl(L)), 120, watch=["kube-apiserver"], L=L)
+    start(
+        L,
+        "kube-apiserver",
+        [
+            L.b("kube-apiserver"),
+            "--etcd-servers",
+            f"http://127.0.0.1:{P['etcd']}",
+            "--bind-address",
+            "127.0.0.1",
+            "--advertise-address",
+            "127.0.0.1",
+            "--secure-port",
+            str(P["apiserver"]),
+            "--cert-dir",
+            str(L.dir / "tmp" / "apiserver"),
+            "--tls-cert-file",
+            str(pki / "apiserver.crt"),
+            "--tls-private-key-file",
+            str(pki / "apiserver.key"),
+            "--client-ca-file",
+            str(pki / "ca.crt"),
+            "--authorization-mode",
+            "Node,RBAC",
+            "--service-account-issuer",
+            api,
+            "--service-account-key-file",
+            str(pki / "sa.pub"),
+            "--service-account-signing-key-file",
+            str(pki / "sa.key"),
+            "--service-cluster-ip-range",
+            "10.96.0.0/16",
+            "--endpoint-reconciler-type",
+            "none",
+            "--kubelet-client-certificate",
+            str(pki / "apiserver-kubelet-client.crt"),
+            "--kubelet-client-key",
+            str(pki / "apiserver-kubelet-client.key"),
+            "--kubelet-certificate-authority",
+            str(pki / "ca.crt"),
+            "--kubelet-preferred-address-types",
+            "InternalIP",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--enable-admission-plugins",
+            "NodeRestriction",
+            "--v",
+            "1",
+        ],
+    )
+    wait_for(
+        "kube-apiserver /readyz",
+        lambda: http_ok(f"{api}/readyz", admin_ssl(L)),
+        120,
+        watch=["kube-apiserver"],
+        L=L,
+    )
     k = Kubectl(L)
 
     # ---- kube-controller-manager, kube-scheduler
     kcm_kc = str(L.etc / "kube-controller-manager.kubeconfig")
-    start(L, "kube-controller-manager", [
-        L.b("kube-controller-manager"), "--kubeconfig", kcm_kc,
-        "--authentication-kubeconfig", kcm_kc, "--authorization-kubeconfig", kcm_kc,
-        "--bind-address", "127.0.0.1", "--secure-port", str(P["kcm"]),
-        "--cert-dir", str(L.dir / "tmp" / "kcm"),
-        "--tls-cert-file", str(pki / "serving.crt"), "--tls-private-key-file", str(pki / "serving.key"),
-        "--leader-elect=false", "--use-service-account-credentials=true",
-        "--service-account-private-key-file", str(pki / "sa.key"),
-        "--root-ca-file", str(pki / "ca.crt"),
-        "--cluster-signing-cert-file", str(pki / "ca.crt"),
-        "--cluster-signing-key-file", str(pki / "ca.key"),
-        "--service-cluster-ip-range", "10.96.0.0/16",
-        "--controllers", "*,-nodeipam,-cloud-node-lifecycle,-service,-route,"
-                         "-persistentvolume-binder,-attachdetach",
-        "--v", "1",
-    ])
+    start(
+        L,
+        "kube-controller-manager",
+        [
+            L.b("kube-controller-manager"),
+            "--kubeconfig",
+            kcm_kc,
+            "--authentication-kubeconfig",
+            kcm_kc,
+            "--authorization-kubeconfig",
+            kcm_kc,
+            "--bind-address",
+            "127.0.0.1",
+            "--secure-port",
+            str(P["kcm"]),
+            "--cert-dir",
+            str(L.dir / "tmp" / "kcm"),
+            "--tls-cert-file",
+            str(pki / "serving.crt"),
+            "--tls-private-key-file",
+            str(pki / "serving.key"),
+            "--leader-elect=false",
+            "--use-service-account-credentials=true",
+            "--service-account-private-key-file",
+            str(pki / "sa.key"),
+            "--root-ca-file",
+            str(pki / "ca.crt"),
+            "--cluster-signing-cert-file",
+            str(pki / "ca.crt"),
+            "--cluster-signing-key-file",
+            str(pki / "ca.key"),
+            "--service-cluster-ip-range",
+            "10.96.0.0/16",
+            "--controllers",
+            "*,-nodeipam,-cloud-node-lifecycle,-service,-route,-persistentvolume-binder,-attachdetach",
+            "--v",
+            "1",
+        ],
+    )
     sch_kc = str(L.etc / "kube-scheduler.kubeconfig")
-    start(L, "kube-scheduler", [
-        L.b("kube-scheduler"), "--kubeconfig", sch_kc,
-        "--authentication-kubeconfig", sch_kc, "--authorization-kubeconfig", sch_kc,
-        "--bind-address", "127.0.0.1", "--secure-port", str(P["scheduler"]),
-        "--cert-dir", str(L.dir / "tmp" / "scheduler"),
-        "--tls-cert-file", str(pki / "serving.crt"), "--tls-private-key-file", str(pki / "serving.key"),
-        "--leader-elect=false", "--v", "1",
-    ])
+    start(
+        L,
+        "kube-scheduler",
+        [
+            L.b("kube-scheduler"),
+            "--kubeconfig",
+            sch_kc,
+            "--authentication-kubeconfig",
+            sch_kc,
+            "--authorization-kubeconfig",
+            sch_kc,
+            "--bind-address",
+            "127.0.0.1",
+            "--secure-port",
+            str(P["scheduler"]),
+            "--cert-dir",
+            str(L.dir / "tmp" / "scheduler"),
+            "--tls-cert-file",
+            str(pki / "serving.crt"),
+            "--tls-private-key-file",
+            str(pki / "serving.key"),
+            "--leader-elect=false",
+            "--v",
+            "1",
+        ],
+    )
 
     # ---- CRDs (JobSet from its module, Trainer from shared/upstream) - established
-    crd_files = sorted((L.bin / "manifests" / "jobset" / "crd").glob("*.yaml")) + \
-        sorted((trainer_upstream / "crds").glob("*.yaml"))
+    crd_files = sorted((L.bin / "manifests" / "jobset" / "crd").glob("*.yaml")) + sorted(
+        (trainer_upstream / "crds").glob("*.yaml")
+    )
     crds = [d for f in crd_files for d in load_yaml_docs(f)]
     k.apply_objs(crds)
-    k.run("wait", "--for=condition=Established", "--timeout=60s",
-          *[f"crd/{c['metadata']['name']}" for c in crds])
+    k.run(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        *[f"crd/{c['metadata']['name']}" for c in crds],
+    )
     log(f"CRDs established: {', '.join(c['metadata']['name'] for c in crds)}")
 
     # ---- kwok
     stages = kwok_stages(L)
-    (L.etc / "kwok.yaml").write_text(yaml.safe_dump_all(
-        [{"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
-          "options": {"podPlayStageParallelism": 4, "nodePlayStageParallelism": 2,
-                      "nodeLeaseParallelism": 2, "podsOnNodeSyncParallelism": 1,
-                      "nodeLeaseDurationSeconds": 40, "enablePodsOnNodeSyncListPager": True,
-                      "enablePodsOnNodeSyncStreamWatch": False,
-                      # kwok does not default options given in a config file
-                      "enableDebuggingHandlers": True, "enableProfilingHandler": False,
-                      "enableContentionProfiling": False}}] + stages, sort_keys=False))
+    (L.etc / "kwok.yaml").write_text(
+        yaml.safe_dump_all(
+            [
+                {
+                    "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+                    "kind": "KwokConfiguration",
+                    "options": {
+                        "podPlayStageParallelism": 4,
+                        "nodePlayStageParallelism": 2,
+                        "nodeLeaseParallelism": 2,
+                        "podsOnNodeSyncParallelism": 1,
+                        "nodeLeaseDurationSeconds": 40,
+                        "enablePodsOnNodeSyncListPager": True,
+                        "enablePodsOnNodeSyncStreamWatch": False,
+                        # kwok does not default options given in a config file
+                        "enableDebuggingHandlers": True,
+                        "enableProfilingHandler": False,
+                        "enableContentionProfiling": False,
+                    },
+                },
+                *stages,
+            ],
+            sort_keys=False,
+        )
+    )
     # Container logs served by kwok's "kubelet" endpoint (kubectl logs / read_namespaced_pod_log).
     (L.etc / "container.log").write_text(SIMULATED_LOG)
-    (L.etc / "kwok.yaml").write_text((L.etc / "kwok.yaml").read_text() + "---\n" + yaml.safe_dump({
-        "apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterLogs",
-        "metadata": {"name": "trainflow-testbed-logs"},
-        "spec": {"logs": [{"logsFile": str(L.etc / "container.log"), "follow": False}]}}))
-    start(L, "kwok", [
-        L.b("kwok"), "--kubeconfig", str(L.kubeconfig), "--config", str(L.etc / "kwok.yaml"),
-        "--manage-all-nodes=false",
-        "--manage-nodes-with-annotation-selector", "kwok.x-k8s.io/node=fake",
-        "--node-ip", "127.0.0.1", "--node-port", str(P["kwok"]),
-        "--server-address", f"127.0.0.1:{P['kwok']}",
-        "--tls-cert-file", str(pki / "serving.crt"),
-        "--tls-private-key-file", str(pki / "serving.key"),
-        "--cidr", "10.244.0.0/16", "--node-lease-duration-seconds", "40",
-    ], {"HOME": str(L.dir / "tmp")})
+    (L.etc / "kwok.yaml").write_text(
+        (L.etc / "kwok.yaml").read_text()
+        + "---\n"
+        + yaml.safe_dump(
+            {
+                "apiVersion": "kwok.x-k8s.io/v1alpha1",
+                "kind": "ClusterLogs",
+                "metadata": {"name": "trainflow-testbed-logs"},
+                "spec": {"logs": [{"logsFile": str(L.etc / "container.log"), "follow": False}]},
+            }
+        )
+    )
+    start(
+        L,
+        "kwok",
+        [
+            L.b("kwok"),
+            "--kubeconfig",
+            str(L.kubeconfig),
+            "--config",
+            str(L.etc / "kwok.yaml"),
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector",
+            "kwok.x-k8s.io/node=fake",
+            "--node-ip",
+            "127.0.0.1",
+            "--node-port",
+            str(P["kwok"]),
+            "--server-address",
+            f"127.0.0.1:{P['kwok']}",
+            "--tls-cert-file",
+            str(pki / "serving.crt"),
+            "--tls-private-key-file",
+            str(pki / "serving.key"),
+            "--cidr",
+            "10.244.0.0/16",
+            "--node-lease-duration-seconds",
+            "40",
+        ],
+        {"HOME": str(L.dir / "tmp")},
+    )
 
     # ---- JobSet controller (webhooks on loopback with testbed certs, no cert rotation)
     js_cfg = {
-        "apiVersion": "config.jobset.x-k8s.io/v1alpha1", "kind": "Configuration",
+        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+        "kind": "Configuration",
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
-        "webhook": {"host": "127.0.0.1", "port": P["jobset_webhook"],
-                    "certDir": str(L.dir / "webhook-certs" / "jobset")},
+        "webhook": {
+            "host": "127.0.0.1",
+            "port": P["jobset_webhook"],
+            "certDir": str(L.dir / "webhook-certs" / "jobset"),
+        },
         "metrics": {"bindAddress": "0"},
         "health": {"healthProbeBindAddress": f"127.0.0.1:{P['jobset_health']}"},
         "clientConnection": {"qps": 100, "burst": 200},
     }
     (L.etc / "jobset-config.yaml").write_text(yaml.safe_dump(js_cfg))
-    start(L, "jobset-controller", [
-        L.b("jobset-controller"), "--kubeconfig", str(L.kubeconfig),
-        "--config", str(L.etc / "jobset-config.yaml"),
-        "--metrics-bind-address", "0",
-        "--health-probe-bind-address", f"127.0.0.1:{P['jobset_health']}",
-        "--zap-devel=false", "--zap-log-level", "info",
-    ])
+    start(
+        L,
+        "jobset-controller",
+        [
+            L.b("jobset-controller"),
+            "--kubeconfig",
+            str(L.kubeconfig),
+            "--config",
+            str(L.etc / "jobset-config.yaml"),
+            "--metrics-bind-address",
+            "0",
+            "--health-probe-bind-address",
+            f"127.0.0.1:{P['jobset_health']}",
+            "--zap-devel=false",
+            "--zap-log-level",
+            "info",
+        ],
+    )
 
     # ---- Trainer controller manager
     tr_cfg = {
-        "apiVersion": "config.trainer.kubeflow.org/v1alpha1", "kind": "Configuration",
+        "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
+        "kind": "Configuration",
         "webhook": {"host": "127.0.0.1", "port": P["trainer_webhook"]},
         "metrics": {"bindAddress": "0", "secureServing": False},
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{P['trainer_health']}",
-                   "readinessEndpointName": "readyz", "livenessEndpointName": "healthz"},
+        "health": {
+            "healthProbeBindAddress": f"127.0.0.1:{P['trainer_health']}",
+            "readinessEndpointName": "readyz",
+            "livenessEndpointName": "healthz",
+        },
         "leaderElection": {"leaderElect": False},
         "certManagement": {"enable": False},
-        "controller": {"groupKindConcurrency": {
-            "TrainJob.trainer.kubeflow.org": 5,
-            "TrainingRuntime.trainer.kubeflow.org": 1,
-            "ClusterTrainingRuntime.trainer.kubeflow.org": 1}},
+        "controller": {
+            "groupKindConcurrency": {
+                "TrainJob.trainer.kubeflow.org": 5,
+                "TrainingRuntime.trainer.kubeflow.org": 1,
+                "ClusterTrainingRuntime.trainer.kubeflow.org": 1,
+            }
+        },
     }
     (L.etc / "trainer-config.yaml").write_text(yaml.safe_dump(tr_cfg))
-    tr_argv = [L.b("trainer-controller-manager"), "--kubeconfig", str(L.kubeconfig),
-               "--config", str(L.etc / "trainer-config.yaml"), "--zap-log-level", "info"]
+    tr_argv = [
+        L.b("trainer-controller-manager"),
+        "--kubeconfig",
+        str(L.kubeconfig),
+        "--config",
+        str(L.etc / "trainer-config.yaml"),
+        "--zap-log-level",
+        "info",
+    ]
     if TRAINER_FEATURE_GATES:
         tr_argv += ["--feature-gates", TRAINER_FEATURE_GATES]
     start(L, "trainer-controller-manager", tr_argv, {"TMPDIR": str(L.dir / "tmp" / "trainer")})
 
     all_procs = list(COMPONENTS)
     insecure = insecure_ssl()
-    wait_for("kube-controller-manager /healthz",
-             lambda: http_ok(f"https://127.0.0.1:{P['kcm']}/healthz", insecure), 90,
-             watch=all_procs, L=L)
-    wait_for("kube-scheduler /healthz",
-             lambda: http_ok(f"https://127.0.0.1:{P['scheduler']}/healthz", insecure), 90,
-             watch=all_procs, L=L)
-    wait_for("jobset-controller /readyz",
-             lambda: http_ok(f"http://127.0.0.1:{P['jobset_health']}/readyz"), 90,
-             watch=all_procs, L=L)
-    wait_for("trainer-controller-manager /readyz",
-             lambda: http_ok(f"http://127.0.0.1:{P['trainer_health']}/readyz"), 90,
-             watch=all_procs, L=L)
+    wait_for(
+        "kube-controller-manager /healthz",
+        lambda: http_ok(f"https://127.0.0.1:{P['kcm']}/healthz", insecure),
+        90,
+        watch=all_procs,
+        L=L,
+    )
+    wait_for(
+        "kube-scheduler /healthz",
+        lambda: http_ok(f"https://127.0.0.1:{P['scheduler']}/healthz", insecure),
+        90,
+        watch=all_procs,
+        L=L,
+    )
+    wait_for(
+        "jobset-controller /readyz",
+        lambda: http_ok(f"http://127.0.0.1:{P['jobset_health']}/readyz"),
+        90,
+        watch=all_procs,
+        L=L,
+    )
+    wait_for(
+        "trainer-controller-manager /readyz",
+        lambda: http_ok(f"http://127.0.0.1:{P['trainer_health']}/readyz"),
+        90,
+        watch=all_procs,
+        L=L,
+    )
 
     # ---- webhooks (URL client configs) and proof that admission calls them
     k.apply_objs(webhook_configs(L))
-    wait_for("JobSet validating webhook to answer", lambda: probe_jobset_webhook(k), 60,
-             watch=all_procs, L=L)
-    wait_for("Trainer validating webhook to answer", lambda: probe_trainer_webhook(k), 60,
-             watch=all_procs, L=L)
+    wait_for("JobSet validating webhook to answer", lambda: probe_jobset_webhook(k), 60, watch=all_procs, L=L)
+    wait_for(
+        "Trainer validating webhook to answer", lambda: probe_trainer_webhook(k), 60, watch=all_procs, L=L
+    )
     log("admission webhooks answering (JobSet + Trainer)")
 
     # ---- default ClusterTrainingRuntimes (validated by the Trainer webhook)
@@ -763,19 +1072,29 @@ def up(L: Layout, trainer_upstream: Path) -> None:
     # ---- kwok nodes Ready; default service account exists
     k.apply_objs(kwok_nodes(), server_side=False)
     k.run("wait", "--for=condition=Ready", "--timeout=90s", *[f"node/{n}" for n in KWOK_NODES])
-    wait_for("ServiceAccount default/default",
-             lambda: k.run("get", "serviceaccount", "default", "-n", "default",
-                           check=False).returncode == 0, 60, watch=all_procs, L=L)
+    wait_for(
+        "ServiceAccount default/default",
+        lambda: k.run("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0,
+        60,
+        watch=all_procs,
+        L=L,
+    )
 
     elapsed = time.time() - t0
     state = {
-        "dir": str(L.dir), "bin": str(L.bin), "kubeconfig": str(L.kubeconfig),
-        "context": CONTEXT, "server": api, "ports": P,
-        "versions": dict(line.split("=", 1) for line in
-                         (L.bin / "VERSIONS").read_text().split() if "=" in line),
+        "dir": str(L.dir),
+        "bin": str(L.bin),
+        "kubeconfig": str(L.kubeconfig),
+        "context": CONTEXT,
+        "server": api,
+        "ports": P,
+        "versions": dict(
+            line.split("=", 1) for line in (L.bin / "VERSIONS").read_text().split() if "=" in line
+        ),
         "webhooks": True,
         "trainer_feature_gates": TRAINER_FEATURE_GATES,
-        "kwok_nodes": KWOK_NODES, "kwok_fail_label": FAIL_LABEL,
+        "kwok_nodes": KWOK_NODES,
+        "kwok_fail_label": FAIL_LABEL,
         "simulated_log_lines": [ln.split(" ", 3)[3] for ln in SIMULATED_LOG.splitlines()],
         "runtimes": [r["metadata"]["name"] for r in runtimes],
         "trainer_upstream": str(trainer_upstream),
@@ -783,10 +1102,19 @@ def up(L: Layout, trainer_upstream: Path) -> None:
         "start_seconds": round(elapsed, 1),
     }
     L.state_file.write_text(json.dumps(state, indent=2) + "\n")
-    L.env_file.write_text("".join(f"export {k_}={v}\n" for k_, v in {
-        "TRAINFLOW_TESTBED_DIR": L.dir, "TRAINFLOW_TESTBED_KUBECONFIG": L.kubeconfig,
-        "TRAINFLOW_TESTBED_CONTEXT": CONTEXT, "TRAINFLOW_TESTBED_SERVER": api,
-        "TRAINFLOW_TESTBED_BIN": L.bin, "KUBECONFIG": L.kubeconfig}.items()))
+    L.env_file.write_text(
+        "".join(
+            f"export {k_}={v}\n"
+            for k_, v in {
+                "TRAINFLOW_TESTBED_DIR": L.dir,
+                "TRAINFLOW_TESTBED_KUBECONFIG": L.kubeconfig,
+                "TRAINFLOW_TESTBED_CONTEXT": CONTEXT,
+                "TRAINFLOW_TESTBED_SERVER": api,
+                "TRAINFLOW_TESTBED_BIN": L.bin,
+                "KUBECONFIG": L.kubeconfig,
+            }.items()
+        )
+    )
     log(f"testbed up in {elapsed:.1f}s: kubeconfig {L.kubeconfig} (source {L.env_file})")
 
 
@@ -800,14 +1128,29 @@ def _expect_denied(r: subprocess.CompletedProcess, webhook: str, marker: str) ->
 
 def probe_jobset_webhook(k: Kubectl) -> bool:
     # dependsOn on the first replicatedJob is rejected only by JobSet's webhook.
-    tmpl = {"spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
-        {"name": "c", "image": "busybox"}]}}}}
-    js = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-          "metadata": {"name": "testbed-webhook-probe", "namespace": "default"},
-          "spec": {"replicatedJobs": [
-              {"name": "a", "replicas": 1, "template": tmpl,
-               "dependsOn": [{"name": "b", "status": "Ready"}]},
-              {"name": "b", "replicas": 1, "template": tmpl}]}}
+    tmpl = {
+        "spec": {
+            "template": {
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}
+            }
+        }
+    }
+    js = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "testbed-webhook-probe", "namespace": "default"},
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "a",
+                    "replicas": 1,
+                    "template": tmpl,
+                    "dependsOn": [{"name": "b", "status": "Ready"}],
+                },
+                {"name": "b", "replicas": 1, "template": tmpl},
+            ]
+        },
+    }
     r = k.run("create", "--dry-run=server", "-f", "-", stdin=json.dumps(js), check=False)
     # JobSet's webhook answers with apierrors.NewInvalid, so match its message.
     return _expect_denied(r, "vjobset.kb.io", "DependsOn can't be set for the first ReplicatedJob")
@@ -816,9 +1159,12 @@ def probe_jobset_webhook(k: Kubectl) -> bool:
 def probe_trainer_webhook(k: Kubectl) -> bool:
     # The torch-distributed runtime may not exist yet: a TrainJob naming a missing
     # runtime is rejected by the validating webhook (not by the CRD schema).
-    tj = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-          "metadata": {"name": "testbed-webhook-probe", "namespace": "default"},
-          "spec": {"runtimeRef": {"name": "testbed-no-such-runtime"}}}
+    tj = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "testbed-webhook-probe", "namespace": "default"},
+        "spec": {"runtimeRef": {"name": "testbed-no-such-runtime"}},
+    }
     r = k.run("create", "--dry-run=server", "-f", "-", stdin=json.dumps(tj), check=False)
     return _expect_denied(r, "validator.trainjob.trainer.kubeflow.org", "testbed-no-such-runtime")
 
@@ -855,12 +1201,12 @@ def main() -> int:
         L.dir.mkdir(parents=True, exist_ok=True)
         try:
             up(L, Path(a.trainer_upstream))
-        except Exception as e:  # noqa: BLE001 - any failure: logs, stop, non-zero
+        except Exception as e:
             log(f"FAILED to start testbed: {e}")
             print(tail_logs(L, a.lines), file=sys.stderr)
             try:
                 stop_all(L)
-            except Exception as e2:  # noqa: BLE001
+            except Exception as e2:
                 log(f"cleanup after failure: {e2}")
             return 1
         return 0

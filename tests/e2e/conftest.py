@@ -18,9 +18,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -94,12 +95,10 @@ def testbed() -> Iterator[Testbed]:
 
     from kubernetes import client, config
 
-    api_client = config.new_client_from_config(
-        config_file=state["kubeconfig"], context=state["context"]
-    )
+    api_client = config.new_client_from_config(config_file=state["kubeconfig"], context=state["context"])
     try:
         code = client.VersionApi(api_client).get_code()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         _fail(f"kube-apiserver at {state['server']} not answering: {e!r}")
     assert code.git_version.startswith("v1."), code
     yield Testbed(
@@ -189,7 +188,7 @@ def dump_namespace(testbed: Testbed, ns: str) -> str:
             out.append(
                 f"Event {ev.involved_object.kind}/{ev.involved_object.name} {ev.type} {ev.reason}: {ev.message}"
             )
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         out.append(f"(dump failed: {e!r})")
     return "\n".join(out)
 
@@ -229,7 +228,9 @@ def service_account_client(testbed: Testbed, namespace: str, name: str, create: 
     tr = core.create_namespaced_service_account_token(
         name,
         namespace,
-        client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)),
+        client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+        ),
     )
     cfg = client.Configuration()
     cfg.host = testbed.server
@@ -246,7 +247,9 @@ def sa_kubeconfig(testbed: Testbed, namespace: str, name: str, path: Path) -> Pa
     tr = client.CoreV1Api(testbed.api_client).create_namespaced_service_account_token(
         name,
         namespace,
-        client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)),
+        client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+        ),
     )
     user = f"system:serviceaccount:{namespace}:{name}"
     path.write_text(
@@ -265,7 +268,10 @@ def sa_kubeconfig(testbed: Testbed, namespace: str, name: str, path: Path) -> Pa
                 ],
                 "users": [{"name": user, "user": {"token": tr.status.token}}],
                 "contexts": [
-                    {"name": user, "context": {"cluster": testbed.context, "user": user, "namespace": namespace}}
+                    {
+                        "name": user,
+                        "context": {"cluster": testbed.context, "user": user, "namespace": namespace},
+                    }
                 ],
                 "current-context": user,
             }

@@ -40,6 +40,7 @@ def condition(obj, ctype):
             return c
     return None
 
+
 pytestmark = pytest.mark.e2e
 
 TIMEOUT = 120
@@ -116,13 +117,17 @@ def test_trainjob_runs_to_complete(k8s, namespace, testbed):
 
     # JobSet -> Job(s) -> 2 pods, on kwok nodes
     jobs = wait_until(
-        lambda: k8s.batch.list_namespaced_job(ns, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}").items,
+        lambda: (
+            k8s.batch.list_namespaced_job(ns, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}").items
+        ),
         TIMEOUT,
         "Jobs",
     )
     assert [j.metadata.name for j in jobs] == [f"{name}-node-0"]
     assert jobs[0].metadata.labels["trainer.kubeflow.org/trainjob-ancestor-step"] == "trainer"
-    pods = wait_until(lambda: len(node_pods(k8s, ns, name)) == 2 and node_pods(k8s, ns, name), TIMEOUT, "2 pods")
+    pods = wait_until(
+        lambda: len(node_pods(k8s, ns, name)) == 2 and node_pods(k8s, ns, name), TIMEOUT, "2 pods"
+    )
     ranks = sorted(p.metadata.labels["batch.kubernetes.io/job-completion-index"] for p in pods)
     assert ranks == ["0", "1"]
     env = {e.name: e.value for e in pods[0].spec.containers[0].env or []}
@@ -158,11 +163,17 @@ def test_pod_failure_fails_trainjob(k8s, namespace):
                         {
                             "name": "node",
                             "template": {
-                                "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                                "metadata": {
+                                    "labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+                                },
                                 "spec": {
                                     "backoffLimit": 0,
                                     "template": {
-                                        "spec": {"containers": [{"name": "node", "image": "pytorch/pytorch:2.13.0"}]}
+                                        "spec": {
+                                            "containers": [
+                                                {"name": "node", "image": "pytorch/pytorch:2.13.0"}
+                                            ]
+                                        }
                                     },
                                 },
                             },
@@ -174,7 +185,11 @@ def test_pod_failure_fails_trainjob(k8s, namespace):
     }
     k8s.custom.create_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, ns, "trainingruntimes", rt)
     tj = trainjob(name)
-    tj["spec"]["runtimeRef"] = {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime", "name": "torch-no-retry"}
+    tj["spec"]["runtimeRef"] = {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "TrainingRuntime",
+        "name": "torch-no-retry",
+    }
     tj["spec"]["runtimePatches"] = [
         {
             "manager": "trainflow.e2e/failure-injection",
@@ -207,7 +222,9 @@ def test_pod_failure_fails_trainjob(k8s, namespace):
     c = wait_condition(k8s, ns, name, "Failed")
     assert c["reason"] == "FailedJobs", c
     # v2.3.0 + JobSet v0.12.0 append the first failed Job to the documented message
-    assert c["message"] == f"jobset failed due to one or more job failures (first failed job: {name}-node-0)", c
+    assert (
+        c["message"] == f"jobset failed due to one or more job failures (first failed job: {name}-node-0)"
+    ), c
     assert condition(get_tj(k8s, ns, name), "Complete") is None
     failed = [p for p in node_pods(k8s, ns, name) if p.status.phase == "Failed"]
     assert failed, "no failed pod"
@@ -233,7 +250,11 @@ def test_pod_failure_fails_trainjob(k8s, namespace):
             "PET_NNODES",
         ),
         # runtime that does not exist: webhook
-        ("missing-runtime-webhook", lambda tj: tj["spec"]["runtimeRef"].update(name="no-such-runtime"), "no-such-runtime"),
+        (
+            "missing-runtime-webhook",
+            lambda tj: tj["spec"]["runtimeRef"].update(name="no-such-runtime"),
+            "no-such-runtime",
+        ),
         # managedBy enum-by-CEL
         ("managed-by-cel", lambda tj: tj["spec"].update(managedBy="example.com/other"), "managedBy"),
     ],
@@ -287,38 +308,56 @@ def test_server_side_dry_run_create(k8s, namespace):
         # Upstream's own example is refused by the v2.3.0 TrainJob webhook: its
         # TrainingRuntime's dataset-initializer container lacks the volumeMount
         # named "initializer" the webhook requires (see testbed/README.md).
-        ("05-multi-step.yaml", "must have volumeMount with name - initializer in container dataset-initializer"),
+        (
+            "05-multi-step.yaml",
+            "must have volumeMount with name - initializer in container dataset-initializer",
+        ),
     ],
 )
 def test_upstream_examples_server_side_dry_run(k8s, namespace, testbed, example, rejected):
     """Upstream v2.3.0 examples: runtimes they define are created for real (dry-run
     does not persist them and the TrainJob webhook requires the runtime to exist),
     then each TrainJob goes through a server-side dry-run create (schema, CEL, webhooks)."""
-    import yaml
     from pathlib import Path
 
-    docs = [d for d in yaml.safe_load_all((Path(testbed.state["trainer_upstream"]) / "examples" / example).read_text()) if d]
+    import yaml
+
+    docs = [
+        d
+        for d in yaml.safe_load_all(
+            (Path(testbed.state["trainer_upstream"]) / "examples" / example).read_text()
+        )
+        if d
+    ]
     cluster_runtimes = []
     try:
         for d in docs:
             if d["kind"] == "ClusterTrainingRuntime":
-                k8s.custom.create_cluster_custom_object(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", d)
+                k8s.custom.create_cluster_custom_object(
+                    TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", d
+                )
                 cluster_runtimes.append(d["metadata"]["name"])
             elif d["kind"] == "TrainingRuntime":
-                k8s.custom.create_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, namespace, "trainingruntimes", d)
+                k8s.custom.create_namespaced_custom_object(
+                    TRAINER_GROUP, TRAINER_VERSION, namespace, "trainingruntimes", d
+                )
         trainjobs = [d for d in docs if d["kind"] == "TrainJob"]
         assert trainjobs
         for d in trainjobs:
             if rejected:
                 with pytest.raises(client.ApiException) as ei:
                     create(k8s, namespace, d, dry_run="All")
-                assert ei.value.status == 403 and rejected in json.loads(ei.value.body)["message"], ei.value.body
+                assert ei.value.status == 403 and rejected in json.loads(ei.value.body)["message"], (
+                    ei.value.body
+                )
                 continue
             out = create(k8s, namespace, d, dry_run="All")
             assert out["metadata"]["name"] == d["metadata"]["name"]
     finally:
         for n in cluster_runtimes:
-            k8s.custom.delete_cluster_custom_object(TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", n)
+            k8s.custom.delete_cluster_custom_object(
+                TRAINER_GROUP, TRAINER_VERSION, "clustertrainingruntimes", n
+            )
 
 
 def test_suspend_then_resume_runs_to_complete(k8s, namespace):
@@ -406,7 +445,9 @@ def test_rbac_is_enforced(k8s, namespace, sa_api_client):
     sa = sa_api_client(ns, "submitter")
     sa_custom = client.CustomObjectsApi(sa)
     with pytest.raises(client.ApiException) as ei:
-        sa_custom.create_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, ns, "trainjobs", trainjob("rbac-denied"))
+        sa_custom.create_namespaced_custom_object(
+            TRAINER_GROUP, TRAINER_VERSION, ns, "trainjobs", trainjob("rbac-denied")
+        )
     assert ei.value.status == 403
     assert "system:serviceaccount:" + ns + ":submitter" in json.loads(ei.value.body)["message"]
 
@@ -416,7 +457,9 @@ def test_rbac_is_enforced(k8s, namespace, sa_api_client):
             metadata=client.V1ObjectMeta(name="trainjob-submitter"),
             rules=[
                 client.V1PolicyRule(
-                    api_groups=[TRAINER_GROUP], resources=["trainjobs"], verbs=["create", "get", "list", "watch"]
+                    api_groups=[TRAINER_GROUP],
+                    resources=["trainjobs"],
+                    verbs=["create", "get", "list", "watch"],
                 )
             ],
         ),
@@ -425,7 +468,9 @@ def test_rbac_is_enforced(k8s, namespace, sa_api_client):
         ns,
         client.V1RoleBinding(
             metadata=client.V1ObjectMeta(name="trainjob-submitter"),
-            role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name="trainjob-submitter"),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="Role", name="trainjob-submitter"
+            ),
             subjects=[client.RbacV1Subject(kind="ServiceAccount", name="submitter", namespace=ns)],
         ),
     )
@@ -441,7 +486,9 @@ def test_rbac_is_enforced(k8s, namespace, sa_api_client):
     assert created["metadata"]["name"] == "rbac-allowed"
     # still no delete, and nothing in another namespace
     with pytest.raises(client.ApiException) as ei:
-        sa_custom.delete_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, ns, "trainjobs", "rbac-allowed")
+        sa_custom.delete_namespaced_custom_object(
+            TRAINER_GROUP, TRAINER_VERSION, ns, "trainjobs", "rbac-allowed"
+        )
     assert ei.value.status == 403
     with pytest.raises(client.ApiException) as ei:
         sa_custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, "default", "trainjobs")
