@@ -83,6 +83,9 @@ SIMULATED_LOG = (
 )
 FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
 
+# Readiness timeouts are multiplied by this (slow or heavily shared machines).
+TS = float(os.environ.get("TRAINFLOW_TESTBED_TIMEOUT_SCALE", "2"))
+
 # Trainer's TrainJobStatus feature gate is left off; see README.md for why.
 TRAINER_FEATURE_GATES = os.environ.get("TRAINFLOW_TESTBED_TRAINER_FEATURE_GATES", "")
 
@@ -479,7 +482,7 @@ class Kubectl:
         self.bin = L.b("kubectl")
 
     def run(
-        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120
+        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 600
     ) -> subprocess.CompletedProcess:
         argv = [self.bin, "--kubeconfig", str(self.L.kubeconfig), *args]
         r = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout)
@@ -739,7 +742,9 @@ def up(L: Layout, trainer_upstream: Path) -> None:
             "warn",
         ],
     )
-    wait_for("etcd health", lambda: http_ok(f"http://127.0.0.1:{P['etcd']}/health"), 60, watch=["etcd"], L=L)
+    wait_for(
+        "etcd health", lambda: http_ok(f"http://127.0.0.1:{P['etcd']}/health"), 60 * TS, watch=["etcd"], L=L
+    )
 
     # ---- kube-apiserver
     start(
@@ -794,7 +799,7 @@ def up(L: Layout, trainer_upstream: Path) -> None:
     wait_for(
         "kube-apiserver /readyz",
         lambda: http_ok(f"{api}/readyz", admin_ssl(L)),
-        120,
+        120 * TS,
         watch=["kube-apiserver"],
         L=L,
     )
@@ -878,7 +883,7 @@ def up(L: Layout, trainer_upstream: Path) -> None:
     k.run(
         "wait",
         "--for=condition=Established",
-        "--timeout=60s",
+        f"--timeout={int(120 * TS)}s",
         *[f"crd/{c['metadata']['name']}" for c in crds],
     )
     log(f"CRDs established: {', '.join(c['metadata']['name'] for c in crds)}")
@@ -1029,37 +1034,43 @@ def up(L: Layout, trainer_upstream: Path) -> None:
     wait_for(
         "kube-controller-manager /healthz",
         lambda: http_ok(f"https://127.0.0.1:{P['kcm']}/healthz", insecure),
-        90,
+        90 * TS,
         watch=all_procs,
         L=L,
     )
     wait_for(
         "kube-scheduler /healthz",
         lambda: http_ok(f"https://127.0.0.1:{P['scheduler']}/healthz", insecure),
-        90,
+        90 * TS,
         watch=all_procs,
         L=L,
     )
     wait_for(
         "jobset-controller /readyz",
         lambda: http_ok(f"http://127.0.0.1:{P['jobset_health']}/readyz"),
-        90,
+        90 * TS,
         watch=all_procs,
         L=L,
     )
     wait_for(
         "trainer-controller-manager /readyz",
         lambda: http_ok(f"http://127.0.0.1:{P['trainer_health']}/readyz"),
-        90,
+        90 * TS,
         watch=all_procs,
         L=L,
     )
 
     # ---- webhooks (URL client configs) and proof that admission calls them
     k.apply_objs(webhook_configs(L))
-    wait_for("JobSet validating webhook to answer", lambda: probe_jobset_webhook(k), 60, watch=all_procs, L=L)
     wait_for(
-        "Trainer validating webhook to answer", lambda: probe_trainer_webhook(k), 60, watch=all_procs, L=L
+        "JobSet validating webhook to answer", lambda: probe_jobset_webhook(k), 60 * TS, watch=all_procs, L=L
+    )
+    wait_for(
+        "Trainer validating webhook to answer",
+        lambda: probe_trainer_webhook(k),
+        60 * TS,
+        watch=all_procs,
+        L=L,
     )
     log("admission webhooks answering (JobSet + Trainer)")
 
@@ -1071,11 +1082,11 @@ def up(L: Layout, trainer_upstream: Path) -> None:
 
     # ---- kwok nodes Ready; default service account exists
     k.apply_objs(kwok_nodes(), server_side=False)
-    k.run("wait", "--for=condition=Ready", "--timeout=90s", *[f"node/{n}" for n in KWOK_NODES])
+    k.run("wait", "--for=condition=Ready", f"--timeout={int(120 * TS)}s", *[f"node/{n}" for n in KWOK_NODES])
     wait_for(
         "ServiceAccount default/default",
         lambda: k.run("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0,
-        60,
+        60 * TS,
         watch=all_procs,
         L=L,
     )
