@@ -422,6 +422,48 @@ def test_pod_stays_running_with_kwok_delay(k8s, namespace):
     wait_condition(k8s, ns, name, "Complete")
 
 
+def test_trainer_status_written_through_status_subresource(k8s, namespace):
+    """TrainJobStatus (progress server) is off in the testbed; what it would write,
+    status.trainerStatus, can be written through the status subresource and survives
+    the controller's reconciles, so readers of metrics/progress can be tested."""
+    ns, name = namespace, "torch-status"
+    create(k8s, ns, trainjob(name))
+    wait_condition(k8s, ns, name, "Complete")
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    body = {
+        "status": {
+            "trainerStatus": {
+                "progressPercentage": 100,
+                "estimatedRemainingSeconds": 0,
+                "metrics": [{"name": "loss", "value": "0.45"}, {"name": "accuracy", "value": "0.91"}],
+                "lastUpdatedTime": now,
+            }
+        }
+    }
+    k8s.custom.patch_namespaced_custom_object_status(
+        TRAINER_GROUP, TRAINER_VERSION, ns, "trainjobs", name, body
+    )
+    # poke a reconcile (label change) and check the controller keeps it
+    k8s.custom.patch_namespaced_custom_object(
+        TRAINER_GROUP, TRAINER_VERSION, ns, "trainjobs", name, {"metadata": {"labels": {"poke": "1"}}}
+    )
+    time.sleep(2)
+    st = get_tj(k8s, ns, name)["status"]
+    assert st["trainerStatus"]["metrics"] == body["status"]["trainerStatus"]["metrics"]
+    assert condition({"status": st}, "Complete")["status"] == "True"
+    # CEL on trainerStatus: lastUpdatedTime is required
+    with pytest.raises(client.ApiException) as ei:
+        k8s.custom.patch_namespaced_custom_object_status(
+            TRAINER_GROUP,
+            TRAINER_VERSION,
+            ns,
+            "trainjobs",
+            name,
+            {"status": {"trainerStatus": {"progressPercentage": 5, "lastUpdatedTime": None}}},
+        )
+    assert ei.value.status == 422
+
+
 def test_pod_logs_served_through_apiserver(k8s, namespace, testbed):
     """kubectl-logs path: apiserver -> kwok's kubelet endpoint on 127.0.0.1."""
     ns, name = namespace, "torch-logs"
