@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainflow.core.errors import RuntimeNotFound
+from trainflow.core.schema import SAFE_LOADER
 
 GROUP = "trainer.kubeflow.org"
 VERSION = "v1alpha1"
@@ -151,7 +152,7 @@ class Runtime(BaseModel):
 
 
 def _load_yaml_documents(text: str) -> Iterable[dict[str, Any]]:
-    for doc in yaml.safe_load_all(text):
+    for doc in yaml.load_all(text, Loader=SAFE_LOADER):
         if isinstance(doc, dict):
             yield doc
 

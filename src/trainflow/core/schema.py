@@ -14,6 +14,9 @@ from typing import Any
 
 import yaml
 
+# libyaml when present: parsing the 3,000-line CRD takes ~50 ms instead of ~2 s.
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 _CRD_FILES = {
     "TrainJob": "trainer.kubeflow.org_trainjobs.yaml",
     "TrainingRuntime": "trainer.kubeflow.org_trainingruntimes.yaml",
@@ -24,7 +27,7 @@ _CRD_FILES = {
 @cache
 def crd(kind: str) -> dict[str, Any]:
     path = resources.files("trainflow.core") / "data" / "crds" / _CRD_FILES[kind]
-    loaded: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
+    loaded: dict[str, Any] = yaml.load(path.read_text(encoding="utf-8"), Loader=SAFE_LOADER)
     return loaded
 
 
