@@ -65,5 +65,5 @@ def evaluate_model(model_path: str | Path, samples: int = 1024, seed: int = 1234
     y = x @ torch.tensor([3.0, -2.0]) + 0.5
     with torch.no_grad():
         mse = float(((model(x).squeeze(-1) - y) ** 2).mean())
-    weights = [round(float(v), 4) for v in model.weight.flatten()]
-    return {"mse": mse, "weights": weights, "bias": round(float(model.bias), 4)}
+    weights = [round(v, 4) for v in model.weight.detach().flatten().tolist()]
+    return {"mse": mse, "weights": weights, "bias": round(model.bias.detach().item(), 4)}
