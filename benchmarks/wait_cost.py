@@ -227,7 +227,10 @@ def measure(
     with open(err_file, "w") as err:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, cwd=B.ROOT)
     try:
-        _read_ready(proc, 120 + n / 20)
+        try:
+            _read_ready(proc, 120 + n / 20)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{impl}: {exc}\n{err_file.read_text()[-3000:]}") from exc
         ready_s = time.time() - started
         time.sleep(cfg.warmup)
 
