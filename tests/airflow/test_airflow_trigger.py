@@ -98,7 +98,9 @@ async def test_run_reports_failure_with_reason_and_diagnostics(trainflow_home: P
     assert payload["diagnostics"]["failed_ranks"][0]["exit_code"] == 3
 
 
-async def test_run_honours_the_absolute_deadline_and_leaves_the_job(trainflow_home: Path, local_backend) -> None:
+async def test_run_honours_the_absolute_deadline_and_leaves_the_job(
+    trainflow_home: Path, local_backend
+) -> None:
     ref = submit(local_backend, "trig/deadline", seconds=60)
     started = time.time()
     payload = await first_and_only_event(make_trigger(trainflow_home, ref, deadline=time.time() + 2))
@@ -114,7 +116,9 @@ async def test_missing_job_is_reported_or_waited_for(trainflow_home: Path, local
     payload = await first_and_only_event(make_trigger(trainflow_home, gone))
     assert payload["status"] == "not_found"
     payload = await first_and_only_event(
-        make_trigger(trainflow_home, gone, wait_for_creation=True, poll_interval=0.2, deadline=time.time() + 1)
+        make_trigger(
+            trainflow_home, gone, wait_for_creation=True, poll_interval=0.2, deadline=time.time() + 1
+        )
     )
     assert payload["status"] == "timeout"
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 from trainflow.airflow import _config
 from trainflow.airflow.hooks import TrainJobHook
 from trainflow.airflow.provider_info import DEFAULT_CONN_ID
@@ -99,7 +99,12 @@ class TrainJobSensor(BaseSensorOperator):
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
             return super().execute(context)
-        done, result = self._check()
+        try:
+            done, result = self._check()
+        except AirflowFailException as exc:
+            if self.soft_fail:
+                raise AirflowSkipException(f"Skipping due to soft_fail: {exc}") from exc
+            raise
         if done:
             return result
         from trainflow.airflow.triggers import TrainJobTrigger
