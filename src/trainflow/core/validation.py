@@ -41,6 +41,8 @@ TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 TOLERATION_OPERATORS = {"Exists", "Equal"}
 TOLERATION_EFFECTS = {"", "NoSchedule", "PreferNoSchedule", "NoExecute"}
 OUTPUT_ENV = "TRAINFLOW_OUTPUT_URI"
+HTTP_PATH = re.compile(r"^[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$")  # apimachinery IsDomainPrefixedPath
+INITIALIZER_VOLUME = "initializer"  # the volumeMount Trainer's webhook requires in an initializer container
 ENV_OWNED_CONTAINERS = {"node", "dataset-initializer", "model-initializer"}
 _CREDENTIAL_NAME = re.compile(
     r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIALS?)(_|$)", re.IGNORECASE
@@ -261,6 +263,14 @@ def _check_initializers(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> 
                 f"runtime {runtime.name!r} has no {step} step, so it would be ignored",
                 "pick a runtime with that initializer, or drop the field",
             )
+        elif not _mounts_initializer_volume(runtime, step):
+            # Trainer's webhook refuses it: the step cannot hand the data to the trainer
+            c.add(
+                field,
+                f"runtime {runtime.name!r}: its {step} container has no {INITIALIZER_VOLUME!r} volumeMount, "
+                "so the Trainer refuses an initializer URI for it",
+                "drop the field (the runtime brings its own data), or pick another runtime",
+            )
     c.dns_subdomain("dataset_secret", req.dataset_secret)
     c.dns_subdomain("model_secret", req.model_secret)
     if req.dataset_secret and not req.dataset_uri:
@@ -275,6 +285,24 @@ def _check_initializers(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> 
             f"{req.output_uri[:80]!r} is neither a URI nor an absolute path",
             "e.g. s3://bucket/models/run1, pvc://claim/path or /mnt/models/run1",
         )
+
+
+def _mounts_initializer_volume(runtime: Runtime, step: str) -> bool:
+    for container in runtime.containers(step):
+        if container.get("name") == step:
+            return any(m.get("name") == INITIALIZER_VOLUME for m in container.get("volumeMounts") or [])
+    return False
+
+
+def _domain_prefixed_path_problem(value: str) -> str | None:
+    host, sep, path = value.partition("/")
+    if not sep or not host or not path:
+        return "must be a domain-prefixed path (such as 'example.com/my-team')"
+    if len(host) > 253 or not DNS_SUBDOMAIN.match(host):
+        return f"{host!r} is not a DNS subdomain"
+    if not HTTP_PATH.match(path):
+        return f"path {path!r} has characters outside [A-Za-z0-9/-._~%!$&'()*+,;=:]"
+    return None
 
 
 def _check_patches(c: _Checker, req: TrainJobRequest) -> None:
@@ -315,6 +343,8 @@ def _check_patches(c: _Checker, req: TrainJobRequest) -> None:
         c.add("image_pull_secrets", "more than 64 items")
     for i, secret in enumerate(req.image_pull_secrets):
         c.dns_subdomain(f"image_pull_secrets[{i}]", secret)
+        if secret in req.image_pull_secrets[:i]:
+            c.add(f"image_pull_secrets[{i}]", f"{secret!r} is listed twice", "list each Secret once")
     if len(req.runtime_patches) + 1 > 16:
         c.add("runtime_patches", "more than 15 entries (trainflow owns one of the 16)")
     managers: set[str] = set()
@@ -324,6 +354,8 @@ def _check_patches(c: _Checker, req: TrainJobRequest) -> None:
             c.add(
                 f"runtime_patches[{i}].manager", "is required (1-253 characters)", "e.g. example.com/my-team"
             )
+        elif problem := _domain_prefixed_path_problem(manager):
+            c.add(f"runtime_patches[{i}].manager", problem, "e.g. example.com/my-team")
         elif manager == PATCH_MANAGER or manager in managers:
             c.add(
                 f"runtime_patches[{i}].manager", f"{manager!r} is already used", "use a distinct manager name"
