@@ -47,8 +47,12 @@ def load_request_file(path: str) -> dict[str, Any]:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise BadInput(f"cannot read request file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"request file {path}: not UTF-8 text (byte {exc.start})") from None
     try:
         data = yaml.safe_load(text) if text.strip() else {}
+    except RecursionError:
+        raise BadInput(f"request file {path}: nested too deeply to be a request") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -121,12 +121,13 @@ class _Checker:
 
     def int_range(self, field: str, value: int | None, low: int, high: int) -> None:
         if value is not None and not low <= value <= high:
-            self.add(field, f"{value} is out of range", f"use a whole number from {low} to {high}")
+            shown = str(value) if len(str(value)) <= 24 else f"a {len(str(value))}-digit number"
+            self.add(field, f"{shown} is out of range", f"use a whole number from {low} to {high}")
 
 
 def _check_trainer(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
-    if req.image is not None and (not req.image.strip() or len(req.image) > 500):
-        c.add("image", "must be a non-empty image reference of at most 500 characters")
+    if req.image is not None and (not req.image.strip() or len(req.image) > 500 or "\0" in req.image):
+        c.add("image", "must be a non-empty image reference of at most 500 characters, without NUL")
     for field in ("command", "args"):
         argv = getattr(req, field)
         if argv is None:
@@ -140,6 +141,8 @@ def _check_trainer(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
         for i, arg in enumerate(argv):
             if len(arg) > MAX_ARG_CHARS:
                 c.add(f"{field}[{i}]", f"{len(arg)} characters; at most {MAX_ARG_CHARS}")
+            if "\0" in arg:
+                c.add(f"{field}[{i}]", "contains a NUL character, which no process argument can hold")
     if req.command is not None and not req.command:
         c.add("command", "is empty", "omit it to use the runtime's command, or give argv")
     if req.function is not None and isinstance(req.function, str):
@@ -220,6 +223,9 @@ def _check_env(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
                 )
             if name == OUTPUT_ENV:
                 c.add(f"{field}.{name}", "is set by trainflow from output_uri", "set output_uri instead")
+    for name, value in req.env.items():
+        if "\0" in value:
+            c.add(f"env.{name}", "value contains a NUL character, which no environment variable can hold")
     for name in set(req.env) & set(req.secret_env):
         c.add(f"env.{name}", "is also in secret_env", "keep it in one of them")
     if not req.allow_plain_credentials:
