@@ -61,7 +61,11 @@ def _parse_secret(value: Any) -> Any:
     if isinstance(value, str):
         match = _SECRET_REF.match(value)
         if not match:
-            raise ValueError(f"{value!r} is not 'secret-name/key'; give {{'name': ..., 'key': ...}}")
+            # never echo the value: a secret value passed where the reference belongs would leak
+            raise ValueError(
+                "is not 'secret-name/key' (value not shown, it may be the secret itself); "
+                "give 'secret-name/key' or {'name': ..., 'key': ...}"
+            )
         return {"name": match["name"], "key": match["key"]}
     return value
 

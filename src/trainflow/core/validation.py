@@ -26,6 +26,7 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 MAX_LIST = 128
 MAX_ARG_CHARS = 1_048_576
+URI_CREDENTIALS = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*:[^/?#@]*@")
 STORAGE_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://.+$")
 DATASET_SCHEMES = ("hf", "s3", "cache")
 MODEL_SCHEMES = ("hf", "s3")
@@ -117,6 +118,15 @@ class _Checker:
         if value is not None and (len(value) > 253 or not DNS_SUBDOMAIN.match(value)):
             self.add(
                 field, f"{value[:80]!r} is not a valid Kubernetes object name", "lowercase a-z, 0-9, '-', '.'"
+            )
+
+    def secret_name(self, field: str, value: str | None) -> None:
+        """A Secret name; the value is never echoed (it may be a secret value given by mistake)."""
+        if value is not None and (len(value) > 253 or not DNS_SUBDOMAIN.match(value)):
+            self.add(
+                field,
+                "is not a valid Secret name (value not shown, it may be the secret itself)",
+                "give the name of a Kubernetes Secret: lowercase a-z, 0-9, '-', '.'",
             )
 
     def int_range(self, field: str, value: int | None, low: int, high: int) -> None:
@@ -237,9 +247,13 @@ def _check_env(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
                     f"use secret_env {{'{name}': 'secret-name/key'}}, or set allow_plain_credentials",
                 )
     for name, ref in req.secret_env.items():
-        c.dns_subdomain(f"secret_env.{name}.name", ref.name)
+        c.secret_name(f"secret_env.{name}.name", ref.name)
         if not SECRET_KEY.match(ref.key) or len(ref.key) > 253:
-            c.add(f"secret_env.{name}.key", f"{ref.key!r} is not a valid Secret key", "use [-._a-zA-Z0-9]+")
+            c.add(
+                f"secret_env.{name}.key",
+                "is not a valid Secret key (value not shown, it may be the secret itself)",
+                "use [-._a-zA-Z0-9]+",
+            )
 
 
 def _check_initializers(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
@@ -254,6 +268,13 @@ def _check_initializers(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> 
         ("model_uri", req.model_uri, MODEL_SCHEMES, runtime.has_model_initializer, "model-initializer"),
     ):
         if uri is None:
+            continue
+        if URI_CREDENTIALS.match(uri):
+            c.add(
+                field,
+                "holds credentials (user:password@); they would be stored in the TrainJob in plain text",
+                f"remove them and put them in a Secret named by {field.replace('_uri', '_secret')}",
+            )
             continue
         if len(uri) > 2048 or not STORAGE_URI.match(uri):
             c.add(field, f"{uri[:80]!r} is not a storage URI", f"use scheme://path with one of {schemes}")
@@ -277,13 +298,19 @@ def _check_initializers(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> 
                 "so the Trainer refuses an initializer URI for it",
                 "drop the field (the runtime brings its own data), or pick another runtime",
             )
-    c.dns_subdomain("dataset_secret", req.dataset_secret)
-    c.dns_subdomain("model_secret", req.model_secret)
+    c.secret_name("dataset_secret", req.dataset_secret)
+    c.secret_name("model_secret", req.model_secret)
     if req.dataset_secret and not req.dataset_uri:
         c.add("dataset_secret", "given without dataset_uri", "set dataset_uri")
     if req.model_secret and not req.model_uri:
         c.add("model_secret", "given without model_uri", "set model_uri")
-    if req.output_uri is not None and not (
+    if req.output_uri is not None and URI_CREDENTIALS.match(req.output_uri):
+        c.add(
+            "output_uri",
+            "holds credentials (user:password@); they would be stored in the TrainJob in plain text",
+            "remove them; give the trainer credentials through secret_env",
+        )
+    elif req.output_uri is not None and not (
         STORAGE_URI.match(req.output_uri) or req.output_uri.startswith("/")
     ):
         c.add(
