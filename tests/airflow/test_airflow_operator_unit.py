@@ -1,0 +1,98 @@
+"""Unit tests of the operator's mapping onto the core (one function each; no Airflow run, no backend)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+
+import pytest
+
+from trainflow.airflow.operators import TrainJobOperator, airflow_labels, attempt_of, idempotency_key
+
+
+def ctx(
+    run_id: str = "scheduled__2026-03-05T00:00:00+00:00", map_index: int = -1, try_number: int = 1
+) -> dict:
+    ti = SimpleNamespace(
+        dag_id="dag.with.dots",
+        task_id="group.train",
+        run_id=run_id,
+        map_index=map_index,
+        try_number=try_number,
+        start_date=datetime(2026, 3, 5, 1, 0, tzinfo=UTC),
+    )
+    return {"ti": ti}
+
+
+def test_arguments_map_onto_request_fields() -> None:
+    op = TrainJobOperator(
+        task_id="t",
+        function="pkg.mod:train",
+        job_name="explicit-name",
+        resources_per_node={"cpu": 2, "memory": "4Gi"},
+        kueue_queue="team-queue",
+        num_nodes=2,
+        request={"num_nodes": 5, "service_account": "trainer", "runtime": "jax-distributed"},
+    )
+    fields = op.request_fields()
+    assert fields["name"] == "explicit-name"
+    assert fields["resources"] == {"cpu": 2, "memory": "4Gi"}
+    assert fields["queue"] == "team-queue"
+    assert fields["num_nodes"] == 2  # explicit argument wins over request
+    assert fields["service_account"] == "trainer"  # request passes any other field through
+    assert fields["runtime"] == "jax-distributed"  # the default runtime argument does not override request
+    assert "suspend" not in fields and "job_name" not in fields
+
+
+def test_identity_ignores_try_number_and_labels_are_valid() -> None:
+    from trainflow.core.naming import LABEL_VALUE_PATTERN
+
+    op = TrainJobOperator(task_id="t", function="pkg.mod:train")
+    first = op.build_request(ctx(try_number=1))
+    retry = op.build_request(ctx(try_number=7))
+    assert first.idempotency_key == retry.idempotency_key
+    assert first.idempotency_key == idempotency_key(
+        "dag.with.dots", "group.train", "scheduled__2026-03-05T00:00:00+00:00", -1
+    )
+    assert op.build_request(ctx(map_index=3)).idempotency_key != first.idempotency_key
+    labels = first.labels
+    assert "airflow.apache.org/map-index" not in labels
+    assert all(LABEL_VALUE_PATTERN.match(v) and len(v) <= 63 for v in labels.values())
+    assert labels["airflow.apache.org/dag-id"] == "dag.with.dots"
+    assert labels["airflow.apache.org/run-id"] != "scheduled__2026-03-05T00:00:00+00:00"  # sanitised
+    assert airflow_labels("d", "t", "r", 4)["airflow.apache.org/map-index"] == "4"
+    assert not any("try" in k for k in labels)
+
+
+def test_attempt_numbers_come_from_the_derived_names() -> None:
+    from trainflow.core.naming import derive_name
+
+    key = idempotency_key("d", "t", "manual__1", -1)
+    assert attempt_of(derive_name(key, 1), key) == 1
+    assert attempt_of(derive_name(key, 3, 30), key) == 3
+    assert attempt_of(derive_name("other", 1), key) is None
+
+
+def test_bad_request_names_the_field_before_anything_is_submitted() -> None:
+    from trainflow.core import InvalidRequest
+
+    op = TrainJobOperator(task_id="t", function="pkg.mod:train", command=["python", "x.py"])
+    with pytest.raises(InvalidRequest) as err:
+        op.build_request(ctx())
+    assert "function" in str(err.value) or "command" in str(err.value)
+
+
+def test_execution_timeout_becomes_an_absolute_deadline() -> None:
+    op = TrainJobOperator(task_id="t", function="m:f", execution_timeout=timedelta(minutes=30))
+    assert op._deadline(ctx()) == datetime(2026, 3, 5, 1, 30, tzinfo=UTC).timestamp()
+    assert TrainJobOperator(task_id="u", function="m:f")._deadline(ctx()) is None
+
+
+def test_actions_are_validated_and_deferrable_defaults_from_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="on_kill_action"):
+        TrainJobOperator(task_id="t", function="m:f", on_kill_action="destroy")
+    with pytest.raises(ValueError, match="on_finish_action"):
+        TrainJobOperator(task_id="t", function="m:f", on_finish_action="archive")
+    assert TrainJobOperator(task_id="t", function="m:f").deferrable is True
+    monkeypatch.setenv("AIRFLOW__TRAINFLOW__DEFAULT_DEFERRABLE", "False")
+    assert TrainJobOperator(task_id="t", function="m:f").deferrable is False
