@@ -197,3 +197,31 @@ def test_sensor_waits_for_external_jobs_in_every_mode(
     assert out["xcoms"]["wait_deferred[-1].return_value"]["metrics"] == {"slept": 8.0}
     assert out["xcoms"]["wait_reschedule[-1].return_value"]["state"] == "Complete"
     assert local_backend.get(good).succeeded  # a sensor never deletes the job it watches
+
+
+def test_sigterm_to_a_running_task_deletes_its_trainjob(
+    af, airflow_db, trainflow_home, local_backend, tmp_path
+):
+    """A task killed on the worker (SIGTERM -> on_kill, as for mark-failed) takes its TrainJob with it."""
+    log = tmp_path / "sigterm.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            dag_cmd("tf_test_reattach", "2026-02-01T03:00:00", {"seconds": 120}),
+            env=af.env(trainflow_home, af.test_dags),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        job = wait_for(
+            lambda: next((j for j in local_backend.list() if j.state.value == "Running"), None),
+            240,
+            "a running TrainJob",
+        )
+        os.kill(proc.pid, signal.SIGTERM)  # dag.test runs the task in this process
+        wait_for(lambda: not local_backend.list(), 60, "the TrainJob to be deleted")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert f"Task killed: deleted TrainJob default/{job.name}: True" in log.read_text()
