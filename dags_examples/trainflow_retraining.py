@@ -66,6 +66,7 @@ with DAG(
         proc_per_node=2,
         dataset_uri="file://{{ data_root }}/regression/{{ data_interval_start | ds }}",
         env={"TRAINING_INTERVAL": "{{ data_interval_start | ds }}/{{ data_interval_end | ds }}"},
+        stream_logs=True,  # rank 0's log lines appear in this task's log as they are written
         retries=1,
         retry_delay=timedelta(seconds=5),
     )
