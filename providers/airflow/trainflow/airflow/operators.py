@@ -297,7 +297,7 @@ class TrainJobOperator(_TrainJobBase):
         self._trainjob_ref: dict[str, Any] | None = None
 
     @property
-    def operator_extra_links(self):  # type: ignore[override]
+    def operator_extra_links(self) -> tuple[Any, ...]:  # type: ignore[override]
         return extra_links()
 
     # -- request ---------------------------------------------------------------------------------
@@ -455,7 +455,7 @@ class TrainJobOperator(_TrainJobBase):
         if not self.durable:
             return None
         try:
-            return context.get("task_state_store")  # type: ignore[attr-defined]
+            return context.get("task_state_store")
         except Exception:
             return None
 

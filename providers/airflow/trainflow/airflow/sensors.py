@@ -47,7 +47,7 @@ class TrainJobSensor(BaseSensorOperator):
         self.job_name = job_name
         self.namespace = namespace
         self.conn_id = conn_id
-        self.hook_params = {
+        self.hook_params: dict[str, Any] = {
             k: v
             for k, v in {
                 "backend": backend,

@@ -94,7 +94,7 @@ class TrainJobTrigger(BaseTrigger):
         log_step: str = "node-0",
         max_log_lines: int = 1000,
     ) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.name = name
         self.namespace = namespace
         self.uid = uid
@@ -147,7 +147,7 @@ class TrainJobTrigger(BaseTrigger):
         if result is not None:
             payload["result"] = result.to_dict()
         payload.update(extra)
-        return TriggerEvent(payload)
+        return TriggerEvent(payload)  # type: ignore[no-untyped-call]
 
     def _on_update(self, result: TrainJobResult) -> None:
         progress = f", progress {result.progress}%" if result.progress is not None else ""
