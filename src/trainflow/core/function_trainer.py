@@ -43,8 +43,17 @@ def function_source(fn: Callable[..., Any]) -> tuple[str, str]:
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
             node.decorator_list = []
+            _strip_annotations(node)  # names like 'Any' from the caller's module do not exist in the trainer
             return ast.unparse(node), name
     raise InvalidRequest.one("function", f"no top-level def {name!r} in its source", "pass 'module:function'")
+
+
+def _strip_annotations(node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+    args = node.args
+    for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
+        if arg is not None:
+            arg.annotation = None
+    node.returns = None
 
 
 def function_code(function: str | Callable[..., Any]) -> str:
