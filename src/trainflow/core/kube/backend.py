@@ -155,7 +155,10 @@ class KubernetesBackend:
     def create_or_adopt(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
         """POST once; after AlreadyExists or a lost answer, look at what exists before doing anything else."""
         name = str(manifest["metadata"]["name"])
-        for attempt in range(1, CREATE_ATTEMPTS + 1):
+        throttled = 0
+        attempt = 0
+        while attempt < CREATE_ATTEMPTS:
+            attempt += 1
             try:
                 return self.api.create_trainjob(namespace, manifest)
             except Exception as exc:
@@ -165,7 +168,13 @@ class KubernetesBackend:
                     if existing is None:
                         continue  # deleted between our POST and GET: try again
                     return self.adopt(existing, manifest)
-                if status is None and retry.is_connection_error(exc):
+                if status == 429 and throttled < self.api.policy.attempts:
+                    # refused before it was processed (priority and fairness): POST again after Retry-After
+                    throttled += 1
+                    attempt -= 1
+                    time.sleep(retry.wait_seconds(exc, throttled, self.api.policy))
+                    continue
+                if (status is None and retry.is_connection_error(exc)) or (status or 0) >= 500:
                     # the POST may or may not have happened: the deterministic name tells us
                     log.warning(
                         "create of TrainJob %s/%s lost its answer (%r); checking", namespace, name, exc
