@@ -124,15 +124,17 @@ class KubernetesBackend:
             plural = "trainingruntimes" if kind == "TrainingRuntime" else "clustertrainingruntimes"
             raise reraise(exc, "get", plural, ns, name) from exc
 
-    def render(self, request: TrainJobRequest | dict[str, Any]) -> dict[str, Any]:
+    def render(self, request: TrainJobRequest | dict[str, Any], *, attempt: int = 1) -> dict[str, Any]:
         req = parse_request(request)
         runtime = self.get_runtime(req.runtime, req.runtime_kind, req.namespace or self.namespace)
-        return build_trainjob(req, runtime, namespace=self.namespace)
+        return build_trainjob(req, runtime, namespace=self.namespace, attempt=attempt)
 
     # --- submit ---------------------------------------------------------------------------------------
-    def validate_remote(self, request: TrainJobRequest | dict[str, Any]) -> dict[str, Any]:
+    def validate_remote(
+        self, request: TrainJobRequest | dict[str, Any], *, attempt: int = 1
+    ) -> dict[str, Any]:
         """Server-side dry-run create (CRD schema, CEL, admission webhooks); returns the defaulted object."""
-        manifest = self.render(request)
+        manifest = self.render(request, attempt=attempt)
         ns = str(manifest["metadata"].get("namespace") or self.namespace)
         try:
             return self.api.create_trainjob(ns, manifest, dry_run=True)
@@ -141,13 +143,15 @@ class KubernetesBackend:
                 return manifest  # exists already: the create itself will adopt or refuse it
             raise reraise(exc, "create", "trainjobs", ns, manifest["metadata"]["name"]) from exc
 
-    def submit(self, request: TrainJobRequest | dict[str, Any], *, dry_run: bool = False) -> JobRef:
+    def submit(
+        self, request: TrainJobRequest | dict[str, Any], *, dry_run: bool = False, attempt: int = 1
+    ) -> JobRef:
         """Create the TrainJob (after a server-side dry-run when ``dry_run``); adopt our own on AlreadyExists."""
-        manifest = self.render(request)
+        manifest = self.render(request, attempt=attempt)
         ns = str(manifest["metadata"].get("namespace") or self.namespace)
         name = str(manifest["metadata"]["name"])
         if dry_run:
-            self.validate_remote(request)
+            self.validate_remote(request, attempt=attempt)
         obj = self.create_or_adopt(ns, manifest)
         meta = obj.get("metadata") or {}
         return JobRef(name=name, namespace=ns, uid=meta.get("uid"))
@@ -174,7 +178,7 @@ class KubernetesBackend:
                     attempt -= 1
                     time.sleep(retry.wait_seconds(exc, throttled, self.api.policy))
                     continue
-                if (status is None and retry.is_connection_error(exc)) or (status or 0) >= 500:
+                if status is None and retry.is_connection_error(exc):
                     # the POST may or may not have happened: the deterministic name tells us
                     log.warning(
                         "create of TrainJob %s/%s lost its answer (%r); checking", namespace, name, exc
