@@ -46,7 +46,12 @@ def train_regression(epochs: int = 60, lr: float = 0.1, seed: int = 0, samples_p
         out = output_dir()
         out.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), out / "model.pt")
-        info = {"world_size": world, "epochs": epochs, "lr": lr, "node_rank": os.environ.get("GROUP_RANK", "0")}
+        info = {
+            "world_size": world,
+            "epochs": epochs,
+            "lr": lr,
+            "node_rank": os.environ.get("GROUP_RANK", "0"),
+        }
         (out / "training.json").write_text(json.dumps(info))
         report(metrics={"train_loss": mean_loss, "world_size": world}, progress=100)
         print(f"saved model to {out / 'model.pt'}", flush=True)

@@ -119,13 +119,8 @@ def test_rerun_after_completion_returns_result_without_resubmitting(
 def test_failed_attempt_is_retried_as_a_new_trainjob(af, airflow_db, trainflow_home, local_backend, tmp_path):
     out = run_dag(af, trainflow_home, "tf_test_retry", tmp_path, {"marker": str(tmp_path / "marker")})
     assert out["state"] == "success", out["tasks"]
-    from trainflow.airflow.operators import attempt_of, idempotency_key
-
-    key = idempotency_key("tf_test_retry", "train", out["run_id"], -1)
-    jobs = sorted(
-        key_jobs(local_backend, "tf_test_retry", out["run_id"]), key=lambda j: attempt_of(j.name, key)
-    )
-    assert [(attempt_of(j.name, key), j.state.value) for j in jobs] == [(1, "Failed"), (2, "Complete")]
+    jobs = sorted(key_jobs(local_backend, "tf_test_retry", out["run_id"]), key=lambda j: j.attempt or 0)
+    assert [(j.attempt, j.state.value) for j in jobs] == [(1, "Failed"), (2, "Complete")]
     first, second = jobs
     assert second.name.endswith("-2") and second.name != first.name
     assert out["xcoms"]["train[-1].return_value"]["name"] == second.name

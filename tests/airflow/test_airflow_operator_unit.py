@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainflow.airflow.operators import TrainJobOperator, airflow_labels, attempt_of, idempotency_key
+from trainflow.airflow.operators import TrainJobOperator, airflow_labels, idempotency_key
 
 
 def ctx(
@@ -62,15 +62,6 @@ def test_identity_ignores_try_number_and_labels_are_valid() -> None:
     assert labels["airflow.apache.org/run-id"] != "scheduled__2026-03-05T00:00:00+00:00"  # sanitised
     assert airflow_labels("d", "t", "r", 4)["airflow.apache.org/map-index"] == "4"
     assert not any("try" in k for k in labels)
-
-
-def test_attempt_numbers_come_from_the_derived_names() -> None:
-    from trainflow.core.naming import derive_name
-
-    key = idempotency_key("d", "t", "manual__1", -1)
-    assert attempt_of(derive_name(key, 1), key) == 1
-    assert attempt_of(derive_name(key, 3, 30), key) == 3
-    assert attempt_of(derive_name("other", 1), key) is None
 
 
 def test_bad_request_names_the_field_before_anything_is_submitted() -> None:

@@ -27,11 +27,15 @@ class Backend(Protocol):
     def get_runtime(self, name: str, kind: str = "ClusterTrainingRuntime") -> Runtime:
         """One runtime by name; ``RuntimeNotFound`` when it does not exist."""
 
-    def render(self, request: TrainJobRequest) -> dict[str, Any]:
+    def render(self, request: TrainJobRequest, *, attempt: int = 1) -> dict[str, Any]:
         """The TrainJob manifest this backend would submit, validated; submits nothing."""
 
-    def submit(self, request: TrainJobRequest, *, dry_run: bool = False) -> JobRef:
-        """Validate and create the TrainJob; adopt an existing one with the same identity."""
+    def submit(self, request: TrainJobRequest, *, dry_run: bool = False, attempt: int = 1) -> JobRef:
+        """Validate and create the TrainJob; adopt an existing one with the same identity.
+
+        ``attempt`` > 1 derives a new name from the idempotency key (``<slug>-<hash>-<attempt>``) and labels
+        it, so a retry after a failed or deleted job starts fresh instead of re-reading the failure.
+        """
 
     def get(self, ref: JobRef | str) -> TrainJobResult:
         """Current state of one TrainJob; ``TrainJobNotFound`` if it does not exist."""

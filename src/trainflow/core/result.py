@@ -9,6 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainflow.core.naming import ATTEMPT_LABEL
+
 OUTPUT_URI_ANNOTATION = "trainflow.dev/output-uri"
 
 
@@ -62,6 +64,8 @@ class TrainJobResult(BaseModel):
     progress: int | None = Field(default=None, ge=0, le=100)
     metrics: dict[str, float | str] = Field(default_factory=dict)
     output_uri: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    attempt: int | None = None
 
     @property
     def ref(self) -> JobRef:
@@ -154,6 +158,8 @@ def result_from_trainjob(obj: Mapping[str, Any]) -> TrainJobResult:
     progress = trainer_status.get("progressPercentage")
 
     annotations = meta.get("annotations") or {}
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    attempt_text = labels.get(ATTEMPT_LABEL, "")
     runtime_ref = spec.get("runtimeRef") or {}
     return TrainJobResult(
         name=str(meta.get("name", "")),
@@ -170,4 +176,6 @@ def result_from_trainjob(obj: Mapping[str, Any]) -> TrainJobResult:
         progress=int(progress) if isinstance(progress, int | float) else None,
         metrics=metrics,
         output_uri=annotations.get(OUTPUT_URI_ANNOTATION),
+        labels=labels,
+        attempt=int(attempt_text) if attempt_text.isdigit() else None,
     )

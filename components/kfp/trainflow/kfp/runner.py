@@ -430,30 +430,28 @@ def _print_logs(be: Any, ref: Any, tail: int = 50) -> None:
             print(line.rstrip("\n"), flush=True)
 
 
-def next_attempt(be: Any, request: Any, manifest: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+def next_attempt(be: Any, request: Any, manifest: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """Reattach to this step's TrainJob unless it already Failed: then the retry gets a fresh attempt.
 
     A KFP retry (retry policy, or a retried run) after a failed TrainJob must train again, not re-read
-    the old failure; attempt keys are deterministic, so a restarted retry still reattaches to its attempt.
+    the old failure; attempt names are deterministic (core ``attempt``), so a restarted retry reattaches.
     """
     from trainflow.core import JobState, TrainJobNotFound
 
-    base = request.idempotency_key
     for attempt in range(1, MAX_ATTEMPTS + 1):
         name = manifest["metadata"]["name"]
         namespace = manifest["metadata"].get("namespace") or be.namespace
         try:
             existing = be.get(f"{namespace}/{name}")
         except TrainJobNotFound:
-            return request, manifest
+            return attempt, manifest
         if existing.state is not JobState.FAILED:
             log(f"reattaching to TrainJob {namespace}/{name} ({existing.state.value}) from an earlier try")
-            return request, manifest
+            return attempt, manifest
         log(
             f"TrainJob {namespace}/{name} of an earlier try Failed ({existing.reason}); starting attempt {attempt + 1}"
         )
-        request = request.model_copy(update={"idempotency_key": f"{base}#attempt-{attempt + 1}"})
-        manifest = be.render(request)
+        manifest = be.render(request, attempt=attempt + 1)
     raise _invalid(
         "idempotency_key", f"{MAX_ATTEMPTS} attempts of this step already failed", "start a new run"
     )
@@ -561,8 +559,9 @@ def _run_train_job(
     be = _backend(backend_name, _clean(params.get("namespace")), params.get("backend_config"))
     runtime = be.get_runtime(request.runtime, request.runtime_kind)
     manifest = be.render(request)  # full validation; raises InvalidRequest naming the field, submits nothing
+    attempt = 1
     if request.idempotency_key:
-        request, manifest = next_attempt(be, request, manifest)
+        attempt, manifest = next_attempt(be, request, manifest)
     name = manifest["metadata"]["name"]
     namespace = manifest["metadata"].get("namespace") or be.namespace
     log(f"TrainJob {namespace}/{name} (runtime {runtime.name}, backend {be.name}, key {key or '-'})")
@@ -576,7 +575,7 @@ def _run_train_job(
             log(f"TrainJob {namespace}/{name} {'deleted' if deleted else 'was already gone'}")
 
     with cancel_on_sigterm(cancel):
-        ref = be.submit(request)
+        ref = be.submit(request, attempt=attempt)
         log(f"submitted/attached TrainJob {ref}")
         follower = stream_logs(be, ref) if params.get("stream_logs", True) else None
         try:

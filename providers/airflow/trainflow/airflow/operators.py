@@ -6,7 +6,6 @@ so importing this module costs a DAG file almost nothing.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -89,17 +88,6 @@ def airflow_labels(dag_id: str, task_id: str, run_id: str, map_index: int | None
     if map_index is not None and int(map_index) >= 0:
         labels[f"{LABEL_PREFIX}map-index"] = str(int(map_index))
     return labels
-
-
-def attempt_of(name: str, key: str) -> int | None:
-    """Which attempt a TrainJob name is for this key (names are ``<slug>-<hash>[-<n>]``), else None."""
-    from trainflow.core.naming import stable_hash
-
-    digest = stable_hash(key)
-    if name.endswith(f"-{digest}"):
-        return 1
-    match = re.search(rf"-{digest}-(\d+)$", name)
-    return int(match.group(1)) if match else None
 
 
 def _ti_identity(context: Context) -> tuple[str, str, str, int | None]:
@@ -494,7 +482,7 @@ class TrainJobOperator(_TrainJobBase):
         for result in backend.list(labels={KEY_LABEL: key_label(key)}):
             if result.namespace and result.namespace != namespace:
                 continue
-            attempt = attempt_of(result.name, key)
+            attempt = result.attempt
             if request.name and result.name == request.name:
                 attempt = attempt or 1
             if attempt is not None:
@@ -529,20 +517,10 @@ class TrainJobOperator(_TrainJobBase):
         return None, None, last_attempt + 1
 
     def _submit(self, backend: Backend, request: TrainJobRequest, attempt: int) -> JobRef:
-        import inspect
-
-        if attempt > 1:
-            if "attempt" in inspect.signature(backend.submit).parameters:
-                return backend.submit(request, attempt=attempt)  # type: ignore[call-arg]
-            if request.name:
-                # a fixed name cannot change per attempt: the failed job makes way for the new one
-                backend.cancel(self._ref(request.name, request.namespace))
-            else:
-                from trainflow.core.manifest import job_name
-
-                runtime = backend.get_runtime(request.runtime, request.runtime_kind)
-                request = request.model_copy(update={"name": job_name(request, runtime, attempt)})
-        return backend.submit(request)
+        if attempt > 1 and request.name:
+            # a fixed name cannot change per attempt: the failed job makes way for the new one
+            backend.cancel(self._ref(request.name, request.namespace))
+        return backend.submit(request, attempt=attempt)
 
     def _publish(self, context: Context, ref: JobRef, attempt: int) -> None:
         """Job name and namespace to XCom (before any deferral), for sensors, links and humans."""

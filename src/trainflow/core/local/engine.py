@@ -109,7 +109,9 @@ class LocalBackend:
     def get_runtime(self, name: str, kind: str = "ClusterTrainingRuntime") -> Runtime:
         return find_runtime(local_catalog(), name, kind)
 
-    def _render(self, request: TrainJobRequest | Mapping[str, Any]) -> tuple[dict[str, Any], Runtime]:
+    def _render(
+        self, request: TrainJobRequest | Mapping[str, Any], attempt: int = 1
+    ) -> tuple[dict[str, Any], Runtime]:
         req = parse_request(request)
         runtime = self.get_runtime(req.runtime, req.runtime_kind)
         local_init: dict[str, str] = {}
@@ -127,15 +129,15 @@ class LocalBackend:
                 update[f"{key}_uri"] = None
         if update:
             req = req.model_copy(update=update)
-        manifest = build_trainjob(req, runtime, namespace=self.namespace)
+        manifest = build_trainjob(req, runtime, namespace=self.namespace, attempt=attempt)
         if local_init:  # file:// initializers exist only locally; the cluster validation path rejects them
             init = manifest["spec"].setdefault("initializer", {})
             for key, uri in local_init.items():
                 init[key] = {"storageUri": uri}
         return manifest, runtime
 
-    def render(self, request: TrainJobRequest | Mapping[str, Any]) -> dict[str, Any]:
-        return self._render(request)[0]
+    def render(self, request: TrainJobRequest | Mapping[str, Any], *, attempt: int = 1) -> dict[str, Any]:
+        return self._render(request, attempt)[0]
 
     # --- paths ------------------------------------------------------------------------------------
 
@@ -155,8 +157,10 @@ class LocalBackend:
 
     # --- submit -----------------------------------------------------------------------------------
 
-    def submit(self, request: TrainJobRequest | Mapping[str, Any], *, dry_run: bool = False) -> JobRef:
-        manifest, runtime = self._render(request)
+    def submit(
+        self, request: TrainJobRequest | Mapping[str, Any], *, dry_run: bool = False, attempt: int = 1
+    ) -> JobRef:
+        manifest, runtime = self._render(request, attempt)
         meta = manifest["metadata"]
         namespace = meta.get("namespace") or self.namespace
         meta["namespace"] = namespace
