@@ -6,7 +6,7 @@ VENV := .venv
 RUN := $(UV) run --frozen --extra dev --no-sync
 PYTEST_FLAGS ?= -q
 
-.PHONY: setup demo test test-fast test-k8s37 lint typecheck fmt components check-components e2e bench bench-full clean
+.PHONY: setup demo test test-fast test-k8s37 reliability-long lint typecheck fmt components check-components e2e bench bench-full clean
 
 include testbed/testbed.mk
 
@@ -46,7 +46,13 @@ test-k8s37: setup
 # End-to-end: a real control plane (etcd, kube-apiserver, controllers, kwok, JobSet, Trainer) on loopback.
 e2e: setup
 	@set -e; trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh; \
-	  $(RUN) pytest -m e2e tests/e2e $(PYTEST_FLAGS)
+	  $(RUN) pytest -m e2e tests/e2e tests/reliability $(PYTEST_FLAGS)
+
+# The long reliability runs (50,000 dry-run cases, 500-job load) on their own testbed.
+reliability-long: setup
+	@set -e; trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh; \
+	  RELIABILITY_DRY_RUN_EXAMPLES=50000 RELIABILITY_SEED=random RELIABILITY_LOAD_JOBS=500 \
+	  $(RUN) pytest -m e2e tests/reliability $(PYTEST_FLAGS)
 
 test: lint typecheck check-components test-fast test-k8s37 e2e
 
