@@ -1,0 +1,41 @@
+"""DAGs for the reliability suite: sync-mode TrainJobOperator tasks on the local engine (plain-Python runtime)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from trainflow.airflow import TrainJobOperator
+
+START = datetime(2026, 1, 1)
+RUNTIME = "jax-distributed"  # function trainers run as plain `python3 -c` on the local engine: fast to start
+
+
+def sleeper(seconds: float = 1.0) -> None:
+    """Sleep, then report how long."""
+    import time
+
+    from trainflow.core.reporting import report
+
+    print(f"sleeping {seconds}s", flush=True)
+    time.sleep(float(seconds))
+    report(metrics={"slept": float(seconds)}, progress=100)
+
+
+for _dag_id, _action in (("tf_rel_sync_delete", "delete"), ("tf_rel_sync_keep", "keep")):
+    with DAG(
+        _dag_id,
+        schedule=None,
+        start_date=START,
+        params={"seconds": 20},
+        render_template_as_native_obj=True,
+    ):
+        TrainJobOperator(
+            task_id="train",
+            runtime=RUNTIME,
+            function=sleeper,
+            function_kwargs={"seconds": "{{ params.seconds }}"},
+            deferrable=False,
+            on_kill_action=_action,
+        )

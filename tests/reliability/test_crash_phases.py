@@ -1,0 +1,122 @@
+"""Row 2a: SIGKILL of the Airflow task process at each phase of TrainJobOperator (sync mode, local engine),
+then the same DagRun run again: one TrainJob (none for a kill before create), the rerun reattaches and returns
+the result.
+
+The task runs inside the ``dag.test()`` process. To stop at a phase deterministically, that subprocess (only)
+runs ``airflow_phase_runner.py``, which wraps ``TrainJobOperator._submit`` / ``_wait_sync`` to write a marker
+file at the phase (and hold there for the create phases); the test SIGKILLs the whole process group once
+the marker appears. The window between ``backend.submit`` returning and the XCom push is microseconds, too
+small to hit from outside, hence the hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from airflow_local import dag_args as args
+from airflow_local import (
+    job_dirs,
+    job_processes,
+    kill_group,
+    run,
+    run_summary,
+    start,
+    wait_for,
+)
+
+from trainflow.core import get_backend
+from trainflow.core.naming import KEY_LABEL, key_label
+
+pytestmark = pytest.mark.slow
+DAG = "tf_rel_sync_delete"
+OUT = Path(os.environ.get("TRAINFLOW_RELIABILITY_OUT", "/tmp/trainflow-reliability"))
+
+
+def key_jobs(backend, run_id: str) -> list:
+    from trainflow.airflow.operators import idempotency_key
+
+    return backend.list(labels={KEY_LABEL: key_label(idempotency_key(DAG, "train", run_id, -1))})
+
+
+@pytest.mark.parametrize(
+    ("phase", "run_after", "seconds"),
+    [
+        ("before_create", "2026-03-01T01:00:00", 3),
+        ("after_create", "2026-03-01T02:00:00", 12),
+        ("waiting", "2026-03-01T03:00:00", 12),
+    ],
+)
+def test_sigkill_at_phase_then_rerun_reattaches(phase: str, run_after: str, seconds: int, tmp_path: Path):
+    home = tmp_path / "trainflow"
+    home.mkdir()
+    backend = get_backend("local", home=str(home))
+    marker = tmp_path / "phase.marker"
+    t0 = time.monotonic()
+    proc = start(home, phase, marker, args(DAG, run_after, {"seconds": seconds}), tmp_path / "killed.log")
+    try:
+        wait_for(marker.exists, 180, f"the task to reach {phase}")
+        if phase == "waiting":  # mid-wait: the job's trainer is running
+            wait_for(lambda: [j for j in backend.list() if j.state.value == "Running"], 60, "a Running job")
+    finally:
+        kill_group(proc)  # SIGKILL: no on_kill, the worker just vanished
+    killed_at = time.monotonic() - t0
+    log = (tmp_path / "killed.log").read_text()
+    after_kill = backend.list()
+    recorded = run_summary(home, DAG, tmp_path / "after-kill.json")
+    xcom_name = recorded["xcoms"].get("train[-1].job_name")
+
+    if phase == "before_create":
+        assert "Submitted TrainJob" not in log
+        assert after_kill == [] and job_dirs(home) == [], after_kill  # nothing created, nothing orphaned
+        assert job_processes(home) == []
+        assert xcom_name is None
+    else:
+        assert [j.state.terminal for j in after_kill] == [False], after_kill  # the job outlived the worker
+        name = after_kill[0].name
+        if phase == "after_create":
+            assert marker.read_text() == f"after_create {name}"
+            assert xcom_name is None, recorded["xcoms"]  # the identity was never recorded
+            assert "Submitted TrainJob" not in log
+        else:
+            assert xcom_name == name, recorded["xcoms"]
+
+    t1 = time.monotonic()
+    out = run(home, args(DAG, run_after, {"seconds": seconds}), tmp_path / "rerun.log")
+    rerun_s = time.monotonic() - t1
+    assert out["state"] == "success", out["tasks"]
+    assert out["run_id"] == recorded["run_id"]  # the same DagRun
+    jobs = key_jobs(backend, out["run_id"])
+    assert len(jobs) == 1, jobs  # exactly one TrainJob
+    job = jobs[0]
+    if phase == "before_create":
+        assert "Submitted TrainJob" in out["log"]
+    else:
+        assert job.name == after_kill[0].name
+        assert f"Reattaching to running TrainJob default/{job.name}" in out["log"]
+        assert "Submitted TrainJob" not in out["log"]
+    result = out["xcoms"]["train[-1].return_value"]
+    assert result["name"] == job.name and result["state"] == "Complete"
+    assert result["metrics"] == {"slept": float(seconds)}
+    assert out["xcoms"]["train[-1].job_name"] == job.name
+    assert job_processes(home) == []  # the finished job left nothing running
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"crash_phase_{phase}.json").write_text(
+        json.dumps(
+            {
+                "phase": phase,
+                "killed_after_s": round(killed_at, 1),
+                "jobs_after_kill": len(after_kill),
+                "xcom_job_name_after_kill": xcom_name,
+                "rerun_s": round(rerun_s, 1),
+                "jobs_after_rerun": len(jobs),
+                "tries": out["tasks"],
+            }
+        )
+    )
+    print(
+        json.dumps({"phase": phase, "killed_after_s": killed_at, "rerun_s": rerun_s, "tasks": out["tasks"]})
+    )
