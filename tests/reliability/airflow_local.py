@@ -4,11 +4,14 @@ crash and cancellation tests. Self-contained: nothing in this pytest process imp
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import json
 import os
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -32,6 +35,7 @@ JOB_DIR_ENV = b"TRAINFLOW_LOCAL_JOB_DIR="
 def airflow_home() -> Path:
     """A migrated SQLite AIRFLOW_HOME, once per pytest process."""
     home = Path(tempfile.mkdtemp(prefix="trainflow-reliability-airflow-"))
+    atexit.register(shutil.rmtree, home, True)
     log = home / "migrate.log"
     with open(log, "w") as fh:
         rc = subprocess.call(
@@ -151,3 +155,13 @@ def job_processes(trainflow_home: Path) -> list[int]:
 def job_dirs(trainflow_home: Path) -> list[Path]:
     jobs = trainflow_home / "jobs"
     return sorted(p for ns in jobs.iterdir() for p in ns.iterdir()) if jobs.exists() else []
+
+
+def xcom_keys(dag_id: str, run_after: str, task_id: str = "train") -> dict[str, str]:
+    """XCom rows of one task instance straight from the SQLite metadata DB (fast, no Airflow import)."""
+    run_id = f"manual__{run_after}+00:00"
+    with contextlib.closing(sqlite3.connect(airflow_home() / "airflow.db")) as db:
+        rows = db.execute(
+            "select key, value from xcom where dag_id=? and run_id=? and task_id=?", (dag_id, run_id, task_id)
+        ).fetchall()
+    return {key: value for key, value in rows}
