@@ -128,7 +128,7 @@ def test_cli_cancel_deletes_trainjob_and_jobset_then_is_a_noop(testbed, k8s, kub
         return len(seen) == 3
 
     # foreground deletion: pods, then the JobSet, then the TrainJob (slow on the shared 2-core testbed)
-    wait_for(gone, 120, "TrainJob, JobSet and pods to be gone", interval=0.5)
+    wait_for(gone, 180, "TrainJob, JobSet and pods to be gone", interval=0.5)
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert second.returncode == 0, second.stderr
     assert second.stdout.strip() == f"{ref.name} was already gone"
