@@ -31,8 +31,8 @@ BENCH_ENV = Path(os.environ.get("TRAINFLOW_BENCH_VENV", Path.home() / ".cache" /
 
 MODES: dict[str, dict[str, Any]] = {
     "quick": {
-        "wait": ["--n", "1", "--n", "100", "--n", "1000", "--window", "20", "--warmup", "11",
-                 "--baseline", "6", "--sample", "50", "--sdk-max", "100", "--impls", "trainflow,poll,sdk"],
+        "wait": ["--n", "1", "--n", "100", "--n", "1000", "--window", "15", "--warmup", "10",
+                 "--baseline", "5", "--sample", "30", "--sdk-max", "100", "--impls", "trainflow,poll,sdk"],
         "submit": ["--jobs", "20", "--threads", "8"],
         "local": ["--trivial-runs", "3", "--torch-runs", "1"],
         "parse": ["--runs", "3"],
