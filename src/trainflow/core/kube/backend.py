@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -248,18 +249,25 @@ class KubernetesBackend:
 
         return observe
 
-    def _creation_stuck(self, obj: dict[str, Any], checked: list[float]) -> Diagnostics | None:
-        """After ``submit_timeout`` without JobSet progress: creation-failure events, if any (checked rarely)."""
+    def _creation_check_due(self, obj: dict[str, Any], checked: list[float]) -> bool:
+        """Cheap, no I/O: is the job still without JobSet progress after ``submit_timeout``, unchecked for 30 s?"""
         result = result_from_trainjob(obj)
         status = obj.get("status") or {}
         if result.state is not JobState.CREATED or status.get("jobsStatus"):
-            return None
+            return False
         created = result.created_at.timestamp() if result.created_at else time.time()
         now = time.time()
         if now - created < self.submit_timeout or (checked and now - checked[0] < 30):
-            return None
+            return False
         checked[:] = [now]
-        return self._creation_diagnostics(result.namespace, result.name)
+        return True
+
+    def _creation_stuck(self, obj: dict[str, Any], checked: list[float]) -> Diagnostics | None:
+        """After ``submit_timeout`` without JobSet progress: creation-failure events, if any (checked rarely)."""
+        if not self._creation_check_due(obj, checked):
+            return None
+        meta = obj.get("metadata") or {}
+        return self._creation_diagnostics(str(meta.get("namespace", "")), str(meta.get("name", "")))
 
     def _creation_diagnostics(self, namespace: str, name: str) -> Diagnostics | None:
         try:
@@ -407,7 +415,8 @@ class KubernetesBackend:
                 remaining = None if dl is None else dl - time.time()
                 if remaining is not None and remaining <= 0:
                     break
-                window = max(5.0, min(300.0, self.submit_timeout / 4))
+                # jittered, so waiters started together (triggerer restart, fan-out) do not wake together
+                window = max(5.0, min(300.0, self.submit_timeout / 4)) * random.uniform(0.8, 1.2)
                 update = await reg.next_update(
                     key, box, window if remaining is None else min(window, remaining)
                 )
@@ -419,8 +428,11 @@ class KubernetesBackend:
                             break
                     if deleted:
                         raise TrainJobNotFound(r.namespace, r.name)
-                if obj is not None:
-                    diag = await asyncio.to_thread(self._creation_stuck, obj, checked)
+                if obj is not None and self._creation_check_due(obj, checked):
+                    meta = obj.get("metadata") or {}
+                    diag = await asyncio.to_thread(
+                        self._creation_diagnostics, str(meta.get("namespace", "")), str(meta.get("name", ""))
+                    )
                     if diag is not None:
                         raise self._timeout(r, obj, time.time() - started, diag)
         if obj is None or not result_from_trainjob(obj).state.terminal:

@@ -13,7 +13,6 @@ import contextlib
 import importlib
 import json
 import logging
-import sys
 import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -237,6 +236,7 @@ class WatchRegistry:
         self.watches: dict[WatchKey, NamespaceWatch] = {}
         self.key_stats: dict[WatchKey, SharedWatchStats] = {}  # cumulative, survives watch restarts
         self.started = 0
+        self._client_import: asyncio.Future[Any] | None = None
 
     @property
     def active_watches(self) -> int:
@@ -251,9 +251,13 @@ class WatchRegistry:
         self, key: WatchKey, config_factory: ConfigFactory, name: str
     ) -> AsyncIterator[Mailbox]:
         """Register a waiter for one TrainJob name; yields its Mailbox, pre-filled from the cache."""
-        if "kubernetes_asyncio.client" not in sys.modules:
-            # a big generated package: import it in a thread, never block the loop (Airflow triggerer)
-            await asyncio.to_thread(importlib.import_module, "kubernetes_asyncio.client")
+        if self._client_import is None:
+            # A big generated package: import it once, in a thread, and let every subscriber await that one
+            # import; checking sys.modules instead lets a second waiter block the loop on the import lock.
+            self._client_import = asyncio.ensure_future(
+                asyncio.to_thread(importlib.import_module, "kubernetes_asyncio.client")
+            )
+        await asyncio.shield(self._client_import)
         watch = self.watches.get(key)
         if watch is None or watch.task is None or watch.task.done():
             stats = self.key_stats.setdefault(key, SharedWatchStats())
