@@ -58,6 +58,17 @@ reliability-long: setup
 
 test: lint typecheck check-components test-fast test-k8s37 e2e
 
+# Benchmarks against the peers measured in the same run, on their own testbed instance.
+BENCH_TESTBED := TRAINFLOW_TESTBED_DIR=$${TRAINFLOW_BENCH_TESTBED_DIR:-/tmp/trainflow-bench-run} \
+	TRAINFLOW_TESTBED_PORT_BASE=$${TRAINFLOW_BENCH_PORT_BASE:-27380}
+bench: setup
+	@set -e; export $(BENCH_TESTBED); trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh; \
+	  $(RUN) python benchmarks/run.py --quick
+
+bench-full: setup
+	@set -e; export $(BENCH_TESTBED); trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh; \
+	  $(RUN) python benchmarks/run.py --full
+
 demo: setup
 	bash scripts/demo.sh
 
