@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,6 +96,17 @@ def airflow_trainjobs(k8s: Any, ns: str, dag_id: str) -> list[dict[str, Any]]:
     )["items"]
 
 
+def trigger_states(log: str, ns: str) -> list[str]:
+    """The states the trigger reported, in order (``TrainJob ns/name: State`` lines)."""
+    return re.findall(rf"TrainJob {re.escape(ns)}/[a-z0-9-]+: (\w+) ", log)
+
+
+def assert_watched(states: list[str], last: str) -> None:
+    """The trigger's watch saw the job run and end. Order is not asserted: Trainer 2.3 reports all-zero
+    jobsStatus between a pod failing and the Failed condition, which reads as Created (see the report)."""
+    assert "Running" in states and states[-1] == last, states
+
+
 def condition_true(obj: dict[str, Any], ctype: str) -> bool:
     return any(
         c.get("type") == ctype and c.get("status") == "True"
@@ -119,6 +131,7 @@ def test_deferrable_operator_completes_and_feeds_downstream(
     assert out["tasks"]["report[-1]"]["state"] == "success", out["tasks"]
     assert "Pausing task as DEFERRED" in out["log"], out["log"][-6000:]  # the trigger waited, not the worker
 
+    assert_watched(trigger_states(out["log"], namespace), "Complete")
     (job,) = airflow_trainjobs(k8s, namespace, "tf_e2e_cluster")
     labels = job["metadata"]["labels"]
     assert labels["airflow.apache.org/task-id"] == "train"
@@ -184,5 +197,6 @@ def test_failed_pod_fails_the_task_with_the_reason(
     assert "Pausing task as DEFERRED" in log, log[-6000:]
     assert "reason=FailedJobs" in log, log[-6000:]
     assert "exit_code=3" in log, log[-6000:]
+    assert_watched(trigger_states(log, namespace), "Failed")
     (job,) = airflow_trainjobs(k8s, namespace, "tf_e2e_cluster_fail")
     assert condition_true(job, "Failed"), job.get("status")
