@@ -307,3 +307,41 @@ def test_list_filters_by_labels(backend, namespace):
     backend.submit(request("e2e/list-b", labels={"team": "b"}, suspend=True))
     assert [r.name for r in backend.list({"team": "a"})] == [a.name]
     assert len(backend.list()) == 2
+
+
+def test_logs_of_rank0_through_the_api_server(backend, testbed):
+    """logs() picks rank 0's pod and container and reads it through the API server (kwok serves the kubelet API)."""
+    ref = backend.submit(
+        request(
+            "logs",
+            runtime_patches=[
+                {
+                    "manager": "example.com/e2e",
+                    "trainingRuntimeSpec": {
+                        "template": {
+                            "spec": {
+                                "replicatedJobs": [
+                                    {
+                                        "name": "node",
+                                        "template": {
+                                            "spec": {
+                                                "template": {
+                                                    "metadata": {"annotations": {KWOK_COMPLETE_DELAY: "20s"}}
+                                                }
+                                            }
+                                        },
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                }
+            ],
+        )
+    )
+    wait_until(lambda: backend.get(ref).state is JobState.RUNNING, TIMEOUT, "the job to run")
+    lines = wait_until(lambda: list(backend.logs(ref, step="node-0")), TIMEOUT, "rank 0's log")
+    text = "\n".join(lines)
+    assert "step=2 loss=0.45" in text and "training finished" in text
+    assert list(backend.logs(ref, step="node-0", tail_lines=1))[-1].endswith("training finished")
+    assert backend.wait(ref, timeout=TIMEOUT).state is JobState.COMPLETE

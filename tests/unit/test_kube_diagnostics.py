@@ -183,3 +183,22 @@ def test_collect_never_raises():
             return fail
 
     assert collect(Broken(), "ns", "job").lines() == []
+
+
+def test_waiter_never_reports_a_running_job_back_to_created():
+    """Trainer v2.3.0 publishes all-zero jobsStatus between a pod failing and Failed (seen on the testbed)."""
+    from trainflow.core.kube.backend import KubernetesBackend
+    from trainflow.core.result import JobState
+
+    seen = []
+    observe = KubernetesBackend._tracker(None, seen.append)  # type: ignore[arg-type]
+    base = {"metadata": {"name": "j", "namespace": "n"}, "spec": {}}
+    running = {**base, "status": {"jobsStatus": [{"name": "node", "active": 2}]}}
+    zeros = {**base, "status": {"jobsStatus": [{"name": "node", "active": 0, "ready": 0, "succeeded": 0}]}}
+    failed = {
+        **base,
+        "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "FailedJobs"}]},
+    }
+    for obj in (zeros, running, zeros, failed):
+        observe(obj)
+    assert [r.state for r in seen] == [JobState.CREATED, JobState.RUNNING, JobState.FAILED]

@@ -357,7 +357,12 @@ async def test_many_async_waiters_share_one_watch(fake, backend):
     for n in names:
         fake.add(n)
     reg = registry()
-    tasks = [asyncio.create_task(backend.wait_async(n, timeout=20)) for n in names]
+    tasks = [asyncio.create_task(backend.wait_async(n, timeout=30)) for n in names]
+    # the first waiter imports kubernetes_asyncio off the loop (seconds in a fresh process); all await it
+    for _ in range(200):
+        if reg.active_watches:
+            break
+        await asyncio.sleep(0.1)
     await asyncio.sleep(0.5)
     assert reg.active_watches == 1
     fake.compact()

@@ -241,6 +241,10 @@ class KubernetesBackend:
 
         def observe(obj: dict[str, Any]) -> TrainJobResult:
             result = result_from_trainjob(obj)
+            if result.state is JobState.CREATED and last and last[0][0] is JobState.RUNNING:
+                # Trainer briefly publishes all-zero jobsStatus between a pod failing and Failed: a job
+                # that ran is not reported as back to Created.
+                result = result.model_copy(update={"state": JobState.RUNNING})
             key = (result.state, result.reason, result.progress, tuple(sorted(result.metrics.items())))
             if on_update is not None and (not last or last[0] != key):
                 on_update(result)
