@@ -82,6 +82,7 @@ class NamespaceWatch:
     synced: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     api_client: Any = None
+    client_import: asyncio.Future[Any] | None = None  # the loop's one off-loop import of kubernetes_asyncio
 
     @property
     def namespace(self) -> str:
@@ -173,6 +174,8 @@ class NamespaceWatch:
             resp.release()
 
     async def run(self) -> None:
+        if self.client_import is not None:
+            await asyncio.shield(self.client_import)  # never import on the loop: it would block every waiter
         from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
 
         failures = 0
@@ -252,16 +255,17 @@ class WatchRegistry:
     ) -> AsyncIterator[Mailbox]:
         """Register a waiter for one TrainJob name; yields its Mailbox, pre-filled from the cache."""
         if self._client_import is None:
-            # A big generated package: import it once, in a thread, and let every subscriber await that one
-            # import; checking sys.modules instead lets a second waiter block the loop on the import lock.
+            # A big generated package: import it once per loop, in a thread; watch tasks await that one import
+            # (checking sys.modules instead lets a second waiter block the loop on the import lock).
             self._client_import = asyncio.ensure_future(
                 asyncio.to_thread(importlib.import_module, "kubernetes_asyncio.client")
             )
-        await asyncio.shield(self._client_import)
         watch = self.watches.get(key)
         if watch is None or watch.task is None or watch.task.done():
             stats = self.key_stats.setdefault(key, SharedWatchStats())
-            watch = NamespaceWatch(key=key, config_factory=config_factory, stats=stats)
+            watch = NamespaceWatch(
+                key=key, config_factory=config_factory, stats=stats, client_import=self._client_import
+            )
             self.watches[key] = watch
             watch.task = asyncio.get_running_loop().create_task(watch.run(), name=f"trainflow-watch-{key[1]}")
             self.started += 1
