@@ -87,3 +87,49 @@ def test_actions_are_validated_and_deferrable_defaults_from_config(monkeypatch: 
     assert TrainJobOperator(task_id="t", function="m:f").deferrable is True
     monkeypatch.setenv("AIRFLOW__TRAINFLOW__DEFAULT_DEFERRABLE", "False")
     assert TrainJobOperator(task_id="t", function="m:f").deferrable is False
+
+
+def test_on_kill_deletes_even_when_the_interrupted_thread_holds_the_log_lock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Airflow runs on_kill in its SIGTERM handler, on whichever thread the signal interrupted; if that
+    thread was inside a (non-reentrant) logger write, on_kill must neither log nor wait on that lock."""
+    import threading
+
+    write_lock = threading.Lock()
+    lines: list[str] = []
+    cancelled: list[str] = []
+
+    class Log:
+        def info(self, msg: str, *args: object) -> None:
+            with write_lock:
+                lines.append(msg % args)
+
+        exception = info
+
+    class Backend:
+        namespace = "ns"
+
+        def cancel(self, ref: object) -> bool:
+            cancelled.append(ref.name)  # type: ignore[attr-defined]
+            return True
+
+    monkeypatch.setattr(TrainJobOperator, "log", Log())
+    op = TrainJobOperator(task_id="t", function="m:f")
+    op._hook = SimpleNamespace(get_conn=Backend)  # type: ignore[attr-defined]
+    op._trainjob_ref = {"name": "job-1", "namespace": "ns"}
+
+    def interrupted_thread() -> None:
+        with write_lock:  # the signal arrived mid-write
+            op.on_kill()
+
+    handler = threading.Thread(target=interrupted_thread, daemon=True)
+    handler.start()
+    handler.join(timeout=10)
+    assert not handler.is_alive(), "on_kill blocked on a lock held by the thread it interrupted"
+    assert cancelled == ["job-1"]
+    for _ in range(100):  # the log line follows once the interrupted write released its lock
+        if lines:
+            break
+        threading.Event().wait(0.05)
+    assert lines == ["Task killed: deleted TrainJob ns/job-1: True"]

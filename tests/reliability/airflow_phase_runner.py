@@ -9,7 +9,9 @@ The marker file is written when the phase is reached.
 
 from __future__ import annotations
 
+import faulthandler
 import runpy
+import signal
 import sys
 import time
 from pathlib import Path
@@ -58,6 +60,7 @@ def install(phase: str, marker: Path) -> None:
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test that times out dumps our stacks
     phase, marker = sys.argv[1], Path(sys.argv[2])
     if phase not in PHASES:
         raise SystemExit(f"phase {phase!r}: use one of {PHASES}")

@@ -30,6 +30,7 @@ OnFinishAction = Literal["keep", "delete", "delete_succeeded"]
 
 STATE_STORE_KEY = "trainflow_trainjob"
 LABEL_PREFIX = "airflow.apache.org/"
+ON_KILL_WAIT_SECONDS = 60.0  # the delete usually takes well under a second; a worker SIGKILLs sooner
 DEFER_TIMEOUT_PADDING = 60.0  # the trigger's own deadline fires first, so it can report and clean up
 
 # Operator argument -> TrainJobRequest field, where the names differ (BaseOperator owns
@@ -572,17 +573,32 @@ class TrainJobOperator(_TrainJobBase):
             self.log.warning("execution_timeout reached: TrainJob %s kept (on_kill_action=keep)", ref)
 
     def on_kill(self) -> None:
-        """Task killed while running on a worker: delete the TrainJob unless ``on_kill_action='keep'``."""
+        """Task killed while running on a worker: delete the TrainJob unless ``on_kill_action='keep'``.
+
+        Airflow calls this from its SIGTERM handler, on the thread the signal interrupted, which may hold a
+        lock this work needs (the task logger's write lock, a connection pool's): taking it here would hang
+        the task forever. So the delete and its log line run on their own thread and this handler only waits,
+        bounded, for the delete itself; the thread is not a daemon, so its log line is written before exit.
+        """
         ref = self._trainjob_ref
         if not ref or self.on_kill_action != "delete":
             return
-        try:
-            deleted = self.get_backend().cancel(self._ref(ref["name"], ref.get("namespace")))
+        deleted_or_failed = threading.Event()
+
+        def delete() -> None:
+            try:
+                deleted = self.get_backend().cancel(self._ref(ref["name"], ref.get("namespace")))
+            except Exception:
+                deleted_or_failed.set()
+                self.log.exception("Task killed: could not delete TrainJob %s", ref["name"])
+                return
+            deleted_or_failed.set()
             self.log.info(
                 "Task killed: deleted TrainJob %s/%s: %s", ref.get("namespace"), ref["name"], deleted
             )
-        except Exception:
-            self.log.exception("Task killed: could not delete TrainJob %s", ref["name"])
+
+        threading.Thread(target=delete, name=f"trainjob-on-kill-{ref['name']}", daemon=False).start()
+        deleted_or_failed.wait(ON_KILL_WAIT_SECONDS)
 
 
 class _TrainJobActionOperator(_TrainJobBase):
