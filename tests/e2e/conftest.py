@@ -307,6 +307,37 @@ def wait_until(fn: Callable[[], Any], timeout: float, desc: str, interval: float
     raise AssertionError(f"timed out after {timeout}s waiting for {desc}; last={last!r}")
 
 
+NO_RETRY_RUNTIME = "torch-no-retry"
+
+
+@pytest.fixture
+def no_retry_runtime(k8s, namespace: str) -> str:
+    """A namespaced TrainingRuntime like torch-distributed but without Job retries (backoffLimit 0), so one
+    failed pod fails the Job, the JobSet and the TrainJob at once; returns its name."""
+    image = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
+    step = {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+    node = {"backoffLimit": 0, "template": {"spec": {"containers": [{"name": "node", "image": image}]}}}
+    runtime = {
+        "apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}",
+        "kind": "TrainingRuntime",
+        "metadata": {"name": NO_RETRY_RUNTIME, "labels": {"trainer.kubeflow.org/framework": "torch"}},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        {"name": "node", "template": {"metadata": {"labels": step}, "spec": node}}
+                    ]
+                }
+            },
+        },
+    }
+    k8s.custom.create_namespaced_custom_object(
+        TRAINER_GROUP, TRAINER_VERSION, namespace, "trainingruntimes", runtime
+    )
+    return NO_RETRY_RUNTIME
+
+
 def condition(obj: dict, ctype: str) -> dict | None:
     for c in (obj.get("status") or {}).get("conditions") or []:
         if c.get("type") == ctype:

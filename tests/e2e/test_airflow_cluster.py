@@ -149,41 +149,10 @@ def test_deferrable_operator_completes_and_feeds_downstream(
     print(f"\nairflow dag.test on cluster (deferrable): {elapsed:.1f}s")
 
 
-def no_retry_runtime(k8s: Any, ns: str) -> None:
-    """torch-distributed without Job retries, so the one failing pod fails the TrainJob at once."""
-    rt = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "TrainingRuntime",
-        "metadata": {"name": "torch-no-retry", "labels": {"trainer.kubeflow.org/framework": "torch"}},
-        "spec": {
-            "mlPolicy": {"numNodes": 1, "torch": {}},
-            "template": {
-                "spec": {
-                    "replicatedJobs": [
-                        {
-                            "name": "node",
-                            "template": {
-                                "metadata": {
-                                    "labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
-                                },
-                                "spec": {
-                                    "backoffLimit": 0,
-                                    "template": {"spec": {"containers": [{"name": "node", "image": IMAGE}]}},
-                                },
-                            },
-                        }
-                    ]
-                }
-            },
-        },
-    }
-    k8s.custom.create_namespaced_custom_object(GROUP, VERSION, ns, "trainingruntimes", rt)
-
-
 def test_failed_pod_fails_the_task_with_the_reason(
-    testbed: Any, namespace: str, k8s: Any, airflow_home: Path, tmp_path: Path
+    testbed: Any, namespace: str, k8s: Any, airflow_home: Path, tmp_path: Path, no_retry_runtime: str
 ) -> None:
-    no_retry_runtime(k8s, namespace)
+    assert no_retry_runtime == "torch-no-retry"  # the runtime tf_e2e_cluster_fail names
     extra = {  # inline kubeconfig this time, the other way the connection reaches a cluster
         "backend": "kubernetes",
         "kubeconfig": testbed.kubeconfig.read_text(),

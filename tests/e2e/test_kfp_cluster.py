@@ -132,41 +132,15 @@ def test_train_job_completes_and_a_retry_reattaches(
     print(f"\nkfp step on cluster: submit->Complete {elapsed:.1f}s")
 
 
-def _no_retry_runtime(k8s: Any, ns: str) -> str:
-    rt = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "TrainingRuntime",
-        "metadata": {"name": "torch-no-retry", "labels": {"trainer.kubeflow.org/framework": "torch"}},
-        "spec": {
-            "mlPolicy": {"numNodes": 1, "torch": {}},
-            "template": {
-                "spec": {
-                    "replicatedJobs": [
-                        {
-                            "name": "node",
-                            "template": {
-                                "metadata": {
-                                    "labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
-                                },
-                                "spec": {
-                                    "backoffLimit": 0,
-                                    "template": {"spec": {"containers": [{"name": "node", "image": IMAGE}]}},
-                                },
-                            },
-                        }
-                    ]
-                }
-            },
-        },
-    }
-    k8s.custom.create_namespaced_custom_object(GROUP, VERSION, ns, "trainingruntimes", rt)
-    return "torch-no-retry"
-
-
 def test_failed_trainjob_fails_the_step(
-    runner_kubeconfig: Path, kfp_local: Path, namespace: str, k8s: Any, capfd: pytest.CaptureFixture[str]
+    runner_kubeconfig: Path,
+    kfp_local: Path,
+    namespace: str,
+    k8s: Any,
+    capfd: pytest.CaptureFixture[str],
+    no_retry_runtime: str,
 ) -> None:
-    runtime = _no_retry_runtime(k8s, namespace)
+    runtime = no_retry_runtime
     kwargs = step_kwargs(
         runner_kubeconfig,
         runtime=runtime,

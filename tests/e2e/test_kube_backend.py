@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from conftest import KWOK_COMPLETE_DELAY, KWOK_FAIL_LABEL, TRAINER_GROUP, TRAINER_VERSION, wait_until
 from trainflow.core import TrainJobRequest
 from trainflow.core.errors import (
     InvalidRequest,
@@ -26,23 +27,6 @@ from trainflow.core.naming import KEY_LABEL, MANAGED_BY_LABEL
 from trainflow.core.result import JobState
 
 pytestmark = pytest.mark.e2e
-
-TRAINER_GROUP, TRAINER_VERSION = "trainer.kubeflow.org", "v1alpha1"
-# kwok Stages set up by testbed/testbed.py: the label fails a pod (exit code from the annotation);
-# the delay annotation keeps a Job pod Running that long.
-KWOK_FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
-KWOK_COMPLETE_DELAY = "pod-complete.stage.kwok.x-k8s.io/delay"
-
-
-def wait_until(fn, timeout, desc, interval=0.5):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {desc}; last={last!r}")
 
 
 TIMEOUT = 120
@@ -71,44 +55,6 @@ def request(key: str, **kw) -> TrainJobRequest:
 
 def trainjobs(k8s, ns: str) -> list[dict]:
     return k8s.custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, ns, "trainjobs")["items"]
-
-
-def no_retry_runtime(k8s, ns: str) -> str:
-    """torch-distributed without Job retries, so one failed pod fails the TrainJob."""
-    rt = {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainingRuntime",
-        "metadata": {"name": "torch-no-retry", "labels": {"trainer.kubeflow.org/framework": "torch"}},
-        "spec": {
-            "mlPolicy": {"numNodes": 1, "torch": {}},
-            "template": {
-                "spec": {
-                    "replicatedJobs": [
-                        {
-                            "name": "node",
-                            "template": {
-                                "metadata": {
-                                    "labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
-                                },
-                                "spec": {
-                                    "backoffLimit": 0,
-                                    "template": {
-                                        "spec": {
-                                            "containers": [
-                                                {"name": "node", "image": "pytorch/pytorch:2.13.0"}
-                                            ]
-                                        }
-                                    },
-                                },
-                            },
-                        }
-                    ]
-                }
-            },
-        },
-    }
-    k8s.custom.create_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, ns, "trainingruntimes", rt)
-    return "torch-no-retry"
 
 
 def test_runtimes_from_the_cluster(backend, namespace, k8s):
@@ -149,8 +95,8 @@ def test_submit_and_wait_complete(backend, namespace, k8s):
     print(f"\nsubmit->Complete {elapsed:.1f}s, updates={[u.value for u in updates]}, {stats}")
 
 
-def test_failed_pod_raises_with_reason_and_diagnostics(backend, namespace, k8s):
-    runtime = no_retry_runtime(k8s, namespace)
+def test_failed_pod_raises_with_reason_and_diagnostics(backend, namespace, no_retry_runtime):
+    runtime = no_retry_runtime
     req = request(
         "e2e/fail",
         runtime=runtime,

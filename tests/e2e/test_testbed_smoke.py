@@ -14,24 +14,15 @@ import time
 import pytest
 from kubernetes import client
 
-TRAINER_GROUP, TRAINER_VERSION = "trainer.kubeflow.org", "v1alpha1"
-JOBSET_GROUP, JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
-# kwok Stage label set up by testbed/testbed.py: a pod carrying it fails (exit 1,
-# or the upstream ...stage.kwok.x-k8s.io/exit-code annotation) instead of completing.
-KWOK_FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
-# Upstream kwok per-pod annotation: how long a Running Job pod stays Running.
-KWOK_COMPLETE_DELAY = "pod-complete.stage.kwok.x-k8s.io/delay"
-
-
-def wait_until(fn, timeout, desc, interval=0.5):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {desc}; last={last!r}")
+from conftest import (
+    JOBSET_GROUP,
+    JOBSET_VERSION,
+    KWOK_COMPLETE_DELAY,
+    KWOK_FAIL_LABEL,
+    TRAINER_GROUP,
+    TRAINER_VERSION,
+    wait_until,
+)
 
 
 def condition(obj, ctype):
@@ -147,48 +138,13 @@ def test_trainjob_runs_to_complete(k8s, namespace, testbed):
     assert js_status["node"]["succeeded"] == 1, tj["status"]
 
 
-def test_pod_failure_fails_trainjob(k8s, namespace):
+def test_pod_failure_fails_trainjob(k8s, namespace, no_retry_runtime):
     ns, name = namespace, "torch-fail"
-    # A namespaced runtime like torch-distributed but without Job retries, so a
-    # single failed pod fails the Job -> JobSet -> TrainJob.
-    rt = {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainingRuntime",
-        "metadata": {"name": "torch-no-retry", "labels": {"trainer.kubeflow.org/framework": "torch"}},
-        "spec": {
-            "mlPolicy": {"numNodes": 1, "torch": {}},
-            "template": {
-                "spec": {
-                    "replicatedJobs": [
-                        {
-                            "name": "node",
-                            "template": {
-                                "metadata": {
-                                    "labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
-                                },
-                                "spec": {
-                                    "backoffLimit": 0,
-                                    "template": {
-                                        "spec": {
-                                            "containers": [
-                                                {"name": "node", "image": "pytorch/pytorch:2.13.0"}
-                                            ]
-                                        }
-                                    },
-                                },
-                            },
-                        }
-                    ]
-                }
-            },
-        },
-    }
-    k8s.custom.create_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, ns, "trainingruntimes", rt)
     tj = trainjob(name)
     tj["spec"]["runtimeRef"] = {
         "apiGroup": "trainer.kubeflow.org",
         "kind": "TrainingRuntime",
-        "name": "torch-no-retry",
+        "name": no_retry_runtime,
     }
     tj["spec"]["runtimePatches"] = [
         {
