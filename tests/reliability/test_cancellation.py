@@ -53,7 +53,9 @@ def test_sigterm_to_a_sync_task_applies_on_kill_action(action: str, tmp_path: Pa
             except subprocess.TimeoutExpired:
                 os.kill(proc.pid, signal.SIGUSR1)  # the runner's faulthandler dumps every thread's stack
                 time.sleep(2.0)
-                pytest.fail(f"the task did not exit 60 s after SIGTERM; its log ends:\n{log.read_text()[-12000:]}")
+                pytest.fail(
+                    f"the task did not exit 60 s after SIGTERM; its log ends:\n{log.read_text()[-12000:]}"
+                )
         else:
             # Airflow 3's task SDK only calls on_kill on SIGTERM; its supervisor then escalates to SIGKILL
             # after escalation_delay (5 s). dag.test has no supervisor, so do what it would do.

@@ -23,7 +23,9 @@ from urllib.parse import unquote, urlparse
 OnCancel = str  # "delete" | "keep"
 EXIT_FAILED = 1
 EXIT_CANCELLED = 143  # 128 + SIGTERM, what a shell reports for a terminated step
-CANCEL_WAIT_SECONDS = 60.0  # a delete takes well under a second; KFP/Kubernetes SIGKILL after the grace period
+CANCEL_WAIT_SECONDS = (
+    60.0  # a delete takes well under a second; KFP/Kubernetes SIGKILL after the grace period
+)
 MAX_ATTEMPTS = 20
 WORKSPACE_MOUNT = "/kfp-workspace"
 AFFINITY_MANAGER = "trainflow.dev/kfp-task-config"
