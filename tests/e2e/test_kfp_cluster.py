@@ -199,7 +199,7 @@ def test_sigterm_deletes_the_trainjob(
         proc.wait(timeout=60)
         text = log.read_text()
         assert "received signal 15" in text and "deleted" in text and "FAILURE" in text, text
-        wait_until(lambda: not trainjobs(k8s, namespace), 120, "the TrainJob to be deleted (foreground)")
+        wait_until(lambda: not trainjobs(k8s, namespace), 120, "the TrainJob to be deleted")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -473,10 +473,16 @@ class KubernetesBackend:
             raise reraise(exc, "get", "pods/log", ref.namespace, ref.name) from exc
 
     def cancel(self, ref: JobRef | str) -> bool:
-        """Delete the TrainJob (foreground: its JobSet and pods go first). False when it was already gone."""
+        """Delete the TrainJob; the garbage collector then removes its JobSet, Jobs and pods. False when it
+        was already gone.
+
+        Background propagation, as kubectl and the Kubeflow SDK delete: measured on the testbed, Foreground kept
+        the TrainJob 33-41 s and its pods 50 s (the JobSet/Job chain kept reconciling while it was being
+        deleted), Background removed the TrainJob at once and the pods in 6-12 s.
+        """
         r = self._ref(ref)
         try:
-            self.api.delete_trainjob(r.namespace, r.name, "Foreground")
+            self.api.delete_trainjob(r.namespace, r.name, "Background")
         except Exception as exc:
             if retry.status_of(exc) == 404:
                 return False

@@ -125,7 +125,7 @@ class KubeApi:
         return out
 
     def delete_trainjob(
-        self, namespace: str, name: str, propagation_policy: str = "Foreground"
+        self, namespace: str, name: str, propagation_policy: str = "Background"
     ) -> dict[str, Any]:
         out: dict[str, Any] = retry.call(
             self.custom.delete_namespaced_custom_object,
