@@ -54,8 +54,12 @@ async def test_triggers_share_one_watch_and_each_fires_once(fake) -> None:
     triggers = [TrainJobTrigger(name=n, namespace="ns", conn_id="tf_fake") for n in names]
     gens = [t.run() for t in triggers]
     tasks = [asyncio.create_task(g.__anext__()) for g in gens]
-    await asyncio.sleep(1.0)
-    assert registry().active_watches == 1
+    for _ in range(600):  # the watch streams (list, then watch), or the jobs could complete before it opens
+        if fake.open_watches:
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.5)
+    assert registry().active_watches == 1 and fake.open_watches == 1
     fake.compact()
     fake.drop_watches()  # the shared watch reconnects, gets 410 Gone and re-lists
     await asyncio.sleep(1.0)

@@ -357,14 +357,15 @@ async def test_many_async_waiters_share_one_watch(fake, backend):
     for n in names:
         fake.add(n)
     reg = registry()
-    tasks = [asyncio.create_task(backend.wait_async(n, timeout=30)) for n in names]
-    # the first waiter imports kubernetes_asyncio off the loop (seconds in a fresh process); all await it
-    for _ in range(200):
-        if reg.active_watches:
+    tasks = [asyncio.create_task(backend.wait_async(n, timeout=90)) for n in names]
+    # the shared watch imports kubernetes_asyncio off the loop (seconds in a fresh, loaded process), lists,
+    # then streams: wait for the stream itself, or the jobs could all complete before it opens
+    for _ in range(600):
+        if fake.open_watches:
             break
         await asyncio.sleep(0.1)
     await asyncio.sleep(0.5)
-    assert reg.active_watches == 1
+    assert reg.active_watches == 1 and fake.open_watches == 1
     fake.compact()
     fake.drop_watches()  # the shared watch reconnects, gets 410, re-lists
     await asyncio.sleep(1.0)

@@ -337,6 +337,28 @@ class LocalBackend:
             raise TrainJobFailed(result, self.diagnostics(result.ref))
         return result
 
+    def _look(
+        self,
+        ref: JobRef | str,
+        end: float | None,
+        started: float,
+        last: dict[str, Any] | None,
+        on_update: UpdateCallback | None,
+        raise_on_failure: bool,
+    ) -> tuple[TrainJobResult | None, dict[str, Any], float]:
+        """One look for ``wait``/``wait_async``: (the final result or None, what was seen, seconds to pause)."""
+        result = self.get(ref)  # a few small local file reads: fine on an event loop too
+        snapshot = result.to_dict()
+        if on_update is not None and snapshot != last:
+            on_update(result)
+        if result.state.terminal:
+            return self._finish(result, raise_on_failure), snapshot, 0.0
+        now = time.time()
+        if end is not None and now >= end:
+            raise WaitTimeout(result.namespace, result.name, result.state.value, now - started)
+        pause = min(self.poll_interval, max(end - now, 0.0)) if end is not None else self.poll_interval
+        return None, snapshot, pause
+
     def wait(
         self,
         ref: JobRef | str,
@@ -346,23 +368,13 @@ class LocalBackend:
         raise_on_failure: bool = True,
         on_update: UpdateCallback | None = None,
     ) -> TrainJobResult:
-        end = resolve_deadline(timeout, deadline)
-        started = time.time()
+        end, started = resolve_deadline(timeout, deadline), time.time()
         last: dict[str, Any] | None = None
         while True:
-            result = self.get(ref)
-            snapshot = result.to_dict()
-            if on_update is not None and snapshot != last:
-                on_update(result)
-            last = snapshot
-            if result.state.terminal:
-                return self._finish(result, raise_on_failure)
-            now = time.time()
-            if end is not None and now >= end:
-                raise WaitTimeout(result.namespace, result.name, result.state.value, now - started)
-            time.sleep(
-                min(self.poll_interval, max(end - now, 0.0)) if end is not None else self.poll_interval
-            )
+            done, last, pause = self._look(ref, end, started, last, on_update, raise_on_failure)
+            if done is not None:
+                return done
+            time.sleep(pause)
 
     async def wait_async(
         self,
@@ -373,25 +385,13 @@ class LocalBackend:
         raise_on_failure: bool = True,
         on_update: UpdateCallback | None = None,
     ) -> TrainJobResult:
-        end = resolve_deadline(timeout, deadline)
-        started = time.time()
+        end, started = resolve_deadline(timeout, deadline), time.time()
         last: dict[str, Any] | None = None
         while True:
-            result = self.get(ref)  # a few small local file reads: fine on the event loop
-            snapshot = result.to_dict()
-            if on_update is not None and snapshot != last:
-                on_update(result)
-            last = snapshot
-            if result.state.terminal:
-                if result.state is JobState.FAILED and raise_on_failure:
-                    raise TrainJobFailed(result, self.diagnostics(result.ref))
-                return result
-            now = time.time()
-            if end is not None and now >= end:
-                raise WaitTimeout(result.namespace, result.name, result.state.value, now - started)
-            await asyncio.sleep(
-                min(self.poll_interval, max(end - now, 0.0)) if end is not None else self.poll_interval
-            )
+            done, last, pause = self._look(ref, end, started, last, on_update, raise_on_failure)
+            if done is not None:
+                return done
+            await asyncio.sleep(pause)
 
     # --- logs -------------------------------------------------------------------------------------
 
