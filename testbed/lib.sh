@@ -29,13 +29,12 @@ testbed_key() {
   } | sha256sum | cut -c1-16
 }
 
-# Upstream trainer manifests (CRDs, default runtimes): shared/ beside the repo.
+# Trainer v2.3.0 CRDs and default runtimes: the copies the core ships as package data (vendored unmodified but
+# for the license header), so the testbed needs nothing beside the clone; TRAINFLOW_TRAINER_UPSTREAM overrides.
 trainer_upstream_dir() {
-  local d
-  for d in "${TRAINFLOW_TRAINER_UPSTREAM:-}" "$REPO_ROOT/../shared/upstream/trainer" /work/shared/upstream/trainer; do
-    if [ -n "$d" ] && [ -d "$d/crds" ]; then (cd "$d" && pwd); return 0; fi
-  done
-  echo "trainer upstream manifests not found (looked in ../shared/upstream/trainer)" >&2
+  local d="${TRAINFLOW_TRAINER_UPSTREAM:-$REPO_ROOT/src/trainflow/core/data}"
+  if [ -d "$d/crds" ] && [ -d "$d/runtimes" ]; then (cd "$d" && pwd); return 0; fi
+  echo "trainer manifests not found: $d needs crds/ and runtimes/" >&2
   return 1
 }
 

@@ -874,7 +874,7 @@ def up(L: Layout, trainer_upstream: Path) -> None:
         ],
     )
 
-    # ---- CRDs (JobSet from its module, Trainer from shared/upstream) - established
+    # ---- CRDs (JobSet from its module, Trainer from the core's vendored copy) - established
     crd_files = sorted((L.bin / "manifests" / "jobset" / "crd").glob("*.yaml")) + sorted(
         (trainer_upstream / "crds").glob("*.yaml")
     )

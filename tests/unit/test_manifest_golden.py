@@ -62,7 +62,7 @@ def test_upstream_examples_are_valid_for_the_schema_check() -> None:
     count = 0
     for path in sorted((REPO / "src/trainflow/core/data/runtimes").glob("*.yaml")):
         assert path.read_text().startswith("# Copyright The Kubeflow Authors.")
-    upstream = REPO.parent / "shared" / "upstream" / "trainer" / "examples"
+    upstream = REPO / "tests" / "data" / "upstream_trainer_examples"
     assert upstream.is_dir(), f"vendored upstream examples missing at {upstream}"
     for path in sorted(upstream.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
