@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import time
+from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -35,6 +36,8 @@ def condition(obj, ctype):
 pytestmark = pytest.mark.e2e
 
 TIMEOUT = 120
+
+UPSTREAM_EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "upstream_trainer_examples"
 
 # Shape of upstream examples/01-multi-node.yaml (v2.3.0), numNodes 2.
 MULTI_NODE = {
@@ -274,17 +277,9 @@ def test_upstream_examples_server_side_dry_run(k8s, namespace, testbed, example,
     """Upstream v2.3.0 examples: runtimes they define are created for real (dry-run
     does not persist them and the TrainJob webhook requires the runtime to exist),
     then each TrainJob goes through a server-side dry-run create (schema, CEL, webhooks)."""
-    from pathlib import Path
-
     import yaml
 
-    docs = [
-        d
-        for d in yaml.safe_load_all(
-            (Path(testbed.state["trainer_upstream"]) / "examples" / example).read_text()
-        )
-        if d
-    ]
+    docs = [d for d in yaml.safe_load_all((UPSTREAM_EXAMPLES / example).read_text()) if d]
     cluster_runtimes = []
     try:
         for d in docs:
