@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import urlparse
 
 from pydantic import ValidationError
 
@@ -256,7 +257,15 @@ def _check_env(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
             )
 
 
-def _check_initializers(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
+def _file_uri_problem(uri: str) -> str | None:
+    """Why a ``file://`` URI is not ``file:///absolute/path`` (or None when it is)."""
+    parsed = urlparse(uri)
+    if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+        return f"{uri[:80]!r} is not file:///absolute/path"
+    return None
+
+
+def _check_initializers(c: _Checker, req: TrainJobRequest, runtime: Runtime, local: bool) -> None:
     for field, uri, schemes, present, step in (
         (
             "dataset_uri",
@@ -268,6 +277,19 @@ def _check_initializers(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> 
         ("model_uri", req.model_uri, MODEL_SCHEMES, runtime.has_model_initializer, "model-initializer"),
     ):
         if uri is None:
+            continue
+        if uri.lower().startswith("file://"):
+            # the local engine links a local directory in place of the initializer; no cluster can read it
+            problem = _file_uri_problem(uri) if local else "file:// URIs exist only on the local engine"
+            if problem:
+                c.add(
+                    field,
+                    problem,
+                    "use file:///abs/path locally, or one of " + ", ".join(schemes) + " on a cluster",
+                )
+            secret = field.replace("_uri", "_secret")
+            if getattr(req, secret):
+                c.add(secret, "is not used for file:// URIs", "remove it")
             continue
         if URI_CREDENTIALS.match(uri):
             c.add(
@@ -450,14 +472,17 @@ def check_identity(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
         c.add("runtime_kind", "does not match the runtime found", "use ClusterTrainingRuntime")
 
 
-def validate_request(req: TrainJobRequest, runtime: Runtime) -> None:
-    """Raise InvalidRequest listing every problem; return quietly when the request is valid."""
+def validate_request(req: TrainJobRequest, runtime: Runtime, *, local: bool = False) -> None:
+    """Raise InvalidRequest listing every problem; return quietly when the request is valid.
+
+    ``local``: the job runs on the local engine, where ``file://`` dataset and model URIs are allowed.
+    """
     c = _Checker()
     check_identity(c, req, runtime)
     _check_trainer(c, req, runtime)
     _check_resources(c, req)
     _check_env(c, req, runtime)
-    _check_initializers(c, req, runtime)
+    _check_initializers(c, req, runtime, local)
     _check_patches(c, req)
     if c.issues:
         raise InvalidRequest(c.issues)
