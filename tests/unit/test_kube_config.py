@@ -123,7 +123,6 @@ def test_token_reaches_the_server_from_sync_and_async_clients(tmp_path, monkeypa
 
     from kubernetes_asyncio import client as async_client
 
-
     seen: list[str | None] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):

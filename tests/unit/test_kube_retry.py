@@ -175,7 +175,8 @@ def test_create_throttled_is_posted_again_after_retry_after(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "error", [urllib3.exceptions.ProtocolError("aborted", ConnectionResetError()), ConnectionRefusedError(111, "x")]
+    "error",
+    [urllib3.exceptions.ProtocolError("aborted", ConnectionResetError()), ConnectionRefusedError(111, "x")],
 )
 def test_create_lost_answer_is_outcome_unknown_not_a_second_post(error):
     api, custom = kube_api([error])

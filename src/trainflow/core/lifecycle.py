@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from trainflow.core.errors import AlreadyExists, BackendError, OutcomeUnknown, TrainJobConflict
@@ -53,19 +53,32 @@ class Launch:
     manifest: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     previous: tuple[TrainJobResult, ...] = ()
     dry_run: bool = False
+    runtime: Runtime | None = field(default=None, compare=False, repr=False)
 
     @property
     def reused(self) -> bool:
         """An earlier attempt already completed: its result stands, nothing was created."""
         return self.adopted and self.state is JobState.COMPLETE
 
+    def history(self) -> list[str]:
+        """One line per earlier attempt of this identity (for a task or step log)."""
+        return [
+            f"Earlier attempt {r.attempt or 1}: TrainJob {r.namespace}/{r.name} {r.state.value}"
+            + (f" ({r.reason})" if r.reason else "")
+            for r in self.previous
+            if r.name != self.ref.name or self.ref.uid not in (None, r.uid)
+        ]
+
     @property
-    def action(self) -> str:
+    def summary(self) -> str:
+        """One line for a task or step log, the same from every adapter."""
         if self.dry_run:
-            return "validated (dry run)"
+            return f"Dry run: TrainJob {self.ref} is valid; nothing was created"
         if self.reused:
-            return "reused (already complete)"
-        return "reattached" if self.adopted else "created"
+            return f"TrainJob {self.ref} already completed: returning its result without resubmitting"
+        if self.adopted:
+            return f"Reattaching to running TrainJob {self.ref} (attempt {self.attempt})"
+        return f"Submitted TrainJob {self.ref} (attempt {self.attempt})"
 
 
 @dataclass(frozen=True)
@@ -137,15 +150,30 @@ def _build(backend: Backend, req: TrainJobRequest, runtime: Runtime, attempt: in
 
 
 def launch(
-    backend: Backend, request: TrainJobRequest | Mapping[str, Any], *, dry_run: bool = False
+    backend: Backend,
+    request: TrainJobRequest | Mapping[str, Any],
+    *,
+    dry_run: bool = False,
+    before_create: Callable[[JobRef], None] | None = None,
 ) -> Launch:
     """Validate the request, then reattach, reuse or create, as the rules above say. See ``Launch``.
 
     ``dry_run``: validate everything the backend can (a server-side dry-run create on a cluster) and
-    create nothing, anywhere.
+    create nothing, anywhere. ``before_create`` learns the name about to be created (so a step being
+    terminated meanwhile can delete it).
     """
     req = parse_request(request)
     runtime = _runtime(backend, req)
+    return replace(_launch(backend, req, runtime, dry_run, before_create), runtime=runtime)
+
+
+def _launch(
+    backend: Backend,
+    req: TrainJobRequest,
+    runtime: Runtime,
+    dry_run: bool,
+    before_create: Callable[[JobRef], None] | None,
+) -> Launch:
     manifest = _build(backend, req, runtime, 1)
     namespace = str(manifest["metadata"].get("namespace") or backend.namespace)
     if dry_run:
@@ -154,7 +182,7 @@ def launch(
             JobRef(name=_name(manifest), namespace=namespace), 1, False, None, manifest, dry_run=True
         )
     if not req.idempotency_key and not req.name:
-        return _create(backend, manifest, namespace, 1, ())
+        return _create(backend, manifest, namespace, 1, (), before_create)
     candidates = _candidates(backend, req, manifest, namespace)
     previous = tuple(result_from_trainjob(c) for c in sorted(candidates, key=attempt_of))
     decision = decide(candidates, manifest, fixed_name=bool(req.name))
@@ -172,7 +200,7 @@ def launch(
         _replace(backend, decision.replace, namespace)
     if decision.attempt != 1:
         manifest = _build(backend, req, runtime, decision.attempt)
-    return _create(backend, manifest, namespace, decision.attempt, previous)
+    return _create(backend, manifest, namespace, decision.attempt, previous, before_create)
 
 
 def _ref(obj: Mapping[str, Any], namespace: str) -> JobRef:
@@ -223,9 +251,12 @@ def _create(
     namespace: str,
     attempt: int,
     previous: tuple[TrainJobResult, ...],
+    before_create: Callable[[JobRef], None] | None,
 ) -> Launch:
     """Create once; after AlreadyExists or a lost answer, adopt what is there only if it is this request."""
     name = _name(manifest)
+    if before_create is not None:
+        before_create(JobRef(name=name, namespace=namespace))
     for _ in range(CREATE_TRIES):
         try:
             obj = backend.create(manifest)
