@@ -79,46 +79,87 @@ class TrainJobRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, validate_default=True)
 
-    runtime: str = Field(default="torch-distributed", min_length=1)
-    runtime_kind: RuntimeKind = "ClusterTrainingRuntime"
-    name: str | None = None
-    idempotency_key: str | None = None
-    namespace: str | None = None
-
-    image: str | None = None
-    command: list[str] | None = None
-    args: list[str] | None = None
-    function: str | Callable[..., Any] | None = None
-    function_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
-
-    num_nodes: int | None = None
-    proc_per_node: int | Literal["auto"] | None = None
-    resources: Resources | None = None
-
-    env: dict[str, str] = Field(default_factory=dict)
-    secret_env: dict[str, Annotated[SecretKeyRef, BeforeValidator(_parse_secret)]] = Field(
-        default_factory=dict
+    runtime: str = Field(
+        default="torch-distributed", min_length=1, description="Training runtime that backs the TrainJob"
     )
-    allow_plain_credentials: bool = False
+    runtime_kind: RuntimeKind = Field(
+        default="ClusterTrainingRuntime",
+        description="ClusterTrainingRuntime, or a namespaced TrainingRuntime",
+    )
+    name: str | None = Field(
+        default=None, description="TrainJob name (default: derived from idempotency_key)"
+    )
+    idempotency_key: str | None = Field(
+        default=None, description="Stable identity: the same key reattaches to (or reuses) the same TrainJob"
+    )
+    namespace: str | None = Field(default=None, description="Namespace (default: the backend's)")
 
-    dataset_uri: str | None = None
-    dataset_secret: str | None = None
-    model_uri: str | None = None
-    model_secret: str | None = None
-    output_uri: str | None = None
+    image: str | None = Field(default=None, description="Trainer image (default: the runtime's)")
+    command: list[str] | None = Field(default=None, description="Trainer command (argv)")
+    args: list[str] | None = Field(default=None, description="Trainer arguments (argv)")
+    function: str | Callable[..., Any] | None = Field(
+        default=None, description="Python function run as the trainer: a callable or 'module:function'"
+    )
+    function_kwargs: dict[str, JsonValue] = Field(
+        default_factory=dict, description="JSON keyword arguments of the function trainer"
+    )
 
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    service_account: str | None = None
-    volumes: list[PvcVolume] = Field(default_factory=list)
-    image_pull_secrets: list[str] = Field(default_factory=list)
-    runtime_patches: list[dict[str, Any]] = Field(default_factory=list)
+    num_nodes: int | None = Field(default=None, description="Number of training nodes (pods)")
+    proc_per_node: int | Literal["auto"] | None = Field(
+        default=None, description="Processes per node (torch: numProcPerNode), or 'auto'"
+    )
+    resources: Resources | None = Field(
+        default=None, description="Per-node resources: cpu/memory/gpu shorthand, or requests/limits"
+    )
 
-    queue: str | None = None
-    suspend: bool = False
-    deadline_seconds: int | None = None
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Plain environment variables of the trainer"
+    )
+    secret_env: dict[str, Annotated[SecretKeyRef, BeforeValidator(_parse_secret)]] = Field(
+        default_factory=dict,
+        description="Environment variables from Kubernetes Secrets: NAME -> 'secret/key'",
+    )
+    allow_plain_credentials: bool = Field(
+        default=False, description="Allow credential-looking names in plain env (not recommended)"
+    )
+
+    dataset_uri: str | None = Field(
+        default=None, description="Dataset for the dataset initializer (hf://, s3://)"
+    )
+    dataset_secret: str | None = Field(
+        default=None, description="Secret with the dataset initializer's credentials"
+    )
+    model_uri: str | None = Field(default=None, description="Model for the model initializer (hf://, s3://)")
+    model_secret: str | None = Field(
+        default=None, description="Secret with the model initializer's credentials"
+    )
+    output_uri: str | None = Field(
+        default=None,
+        description="Where the trainer writes its model (TRAINFLOW_OUTPUT_URI); reported in the result",
+    )
+
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels of the TrainJob and its pods")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations of the TrainJob")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node selector of the trainer pods"
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, description="Tolerations of the trainer pods"
+    )
+    service_account: str | None = Field(default=None, description="Service account of the trainer pods")
+    volumes: list[PvcVolume] = Field(
+        default_factory=list, description="PersistentVolumeClaims mounted into every node"
+    )
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Image pull secrets of the pods")
+    runtime_patches: list[dict[str, Any]] = Field(
+        default_factory=list, description="Raw spec.runtimePatches entries (TrainJob API)"
+    )
+
+    queue: str | None = Field(default=None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name)")
+    suspend: bool = Field(default=False, description="Create the TrainJob suspended")
+    deadline_seconds: int | None = Field(
+        default=None, description="spec.activeDeadlineSeconds of the TrainJob"
+    )
 
     @field_validator("env", mode="before")
     @classmethod
