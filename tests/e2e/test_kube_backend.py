@@ -69,8 +69,12 @@ def test_runtimes_from_the_cluster(backend, namespace, k8s):
 
 def test_submit_and_wait_complete(backend, namespace, k8s):
     updates = []
+    # a dry run is the server's full validation (schema, CEL, webhooks) and creates nothing
+    dry = backend.submit(request("e2e/complete"), dry_run=True)
+    assert trainjobs(k8s, namespace) == [] and dry.uid is None
     t0 = time.time()
-    ref = backend.submit(request("e2e/complete"), dry_run=True)
+    ref = backend.submit(request("e2e/complete"))
+    assert ref.name == dry.name
     result = backend.wait(ref, timeout=TIMEOUT, on_update=lambda r: updates.append(r.state))
     elapsed = time.time() - t0
 
