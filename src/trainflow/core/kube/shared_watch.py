@@ -238,11 +238,11 @@ class WatchRegistry:
         """Cumulative counters of the shared watch for one (server, namespace) in this loop."""
         return self.key_stats.get(key)
 
-    def api(self, key: WatchKey) -> AsyncKubeApi:
+    def api(self, key: WatchKey) -> AsyncKubeApi | NotConnected:
         """The shared watch's client, for a subscribed waiter's other reads (same connection pool)."""
         watch = self.watches.get(key)
         if watch is None or watch.api is None:
-            raise BackendError("the shared TrainJob watch is not running")
+            return NotConnected()
         return watch.api
 
     @contextlib.asynccontextmanager
@@ -345,3 +345,13 @@ def registry() -> WatchRegistry:
 def active_watches() -> int:
     """Shared watches running in the current event loop (benchmarks and tests read this)."""
     return registry().active_watches
+
+
+class NotConnected:
+    """Stands in for the client before the shared watch has one: every read fails (plans are best effort)."""
+
+    def __getattr__(self, name: str) -> Any:
+        async def fail(*args: Any, **kwargs: Any) -> Any:
+            raise BackendError("the shared TrainJob watch has not connected yet")
+
+        return fail
