@@ -8,8 +8,8 @@ passed to ``on_update`` and how the wait ends. The drivers differ only in how ve
 from __future__ import annotations
 
 import asyncio
-import importlib
 import fcntl
+import importlib
 import json
 import os
 import threading
