@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainflow.core.errors import BackendError, TrainJobNotFound, Unauthorized
+from trainflow.core.errors import BackendError, TrainJobNotFound, Transient, Unauthorized
 from trainflow.core.kube import retry
 from trainflow.core.kube.aio import AsyncKubeApi
 from trainflow.core.kube.apierrors import Gone
@@ -196,6 +196,11 @@ class NamespaceWatch:
                 raise
             except Unauthorized:
                 return "reauth"
+            except Transient as exc:  # away longer than one call's retries: keep the waiters, keep trying
+                failures += 1
+                self.stats.reconnects += 1
+                log.warning("shared TrainJob watch %s: %s; trying again", self.key, exc)
+                await asyncio.sleep(retry.backoff(min(failures, 6)))
             except BackendError as exc:
                 log.warning("shared TrainJob watch %s stopped: %s", self.key, exc)
                 self._fail_all(exc)

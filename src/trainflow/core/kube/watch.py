@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trainflow.core.errors import BackendError, TrainJobNotFound
+from trainflow.core.errors import BackendError, TrainJobNotFound, Transient
 from trainflow.core.kube import retry
 from trainflow.core.kube.apierrors import Gone
 from trainflow.core.kube.client import KubeApi, iter_lines
@@ -65,7 +65,8 @@ def watch_until(
     """Feed every version of the TrainJob to ``feed`` (and None after each quiet window) until it returns True.
 
     ``window()`` says how long the next watch request may stay quiet. Raises TrainJobNotFound when the job
-    does not exist or is deleted. ``resource_version`` starts from a known (possibly stale) version.
+    does not exist or is deleted. ``resource_version`` starts from a known (possibly stale) version. Drops and
+    a server that stays away (``Transient``) are retried with backoff for as long as ``feed`` wants to wait.
     """
     stats = stats or WatchStats()
     rv = resource_version
@@ -74,7 +75,16 @@ def watch_until(
         if rv is None:
             if gone_streak > 1:  # a server that keeps answering 410: do not spin
                 time.sleep(min(retry.backoff(gone_streak), window()))
-            listed = api.list_trainjobs(namespace, field_selector=name_selector(name))
+            try:
+                listed = api.list_trainjobs(namespace, field_selector=name_selector(name))
+            except Transient as exc:  # the server is away longer than one call's retries: keep waiting
+                drops += 1
+                stats.reconnects += 1
+                log.warning("listing TrainJob %s/%s: %s; trying again", namespace, name, exc)
+                time.sleep(min(retry.backoff(drops), window()))
+                if feed(None):
+                    return
+                continue
             stats.lists += 1
             items = listed.get("items") or []
             if not items:
@@ -123,8 +133,6 @@ def watch_until(
                 raise
             drops += 1
             stats.reconnects += 1
-            if drops > retry.DEFAULT_POLICY.attempts:
-                raise BackendError(f"watch of TrainJob {namespace}/{name} keeps dropping: {exc!r}") from exc
             log.debug("watch of %s/%s dropped (%r); reconnecting from %s", namespace, name, exc, rv)
             time.sleep(min(retry.backoff(drops), window()))
         finally:
