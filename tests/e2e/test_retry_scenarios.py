@@ -20,13 +20,14 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from conftest import KWOK_COMPLETE_DELAY, KWOK_FAIL_LABEL, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -36,8 +37,6 @@ RUNNER = REPO / "tests" / "airflow" / "dag_runner.py"
 DAGS = Path(__file__).resolve().parent / "dags"
 LOGICAL = "2026-03-01T00:00:00"
 IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
-KWOK_COMPLETE_DELAY = "pod-complete.stage.kwok.x-k8s.io/delay"
-KWOK_FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
 SUMMARY = re.compile(
     r"(Submitted TrainJob|Reattaching to running TrainJob|TrainJob) (?P<ns>[a-z0-9-]+)/(?P<name>[a-z0-9-]+)"
     r"( \(attempt (?P<attempt>\d+)\)| already completed)"
@@ -74,7 +73,13 @@ class World:
     """One backend for the scenario: the request, how adapters reach the backend, how a job is finished."""
 
     def __init__(
-        self, kind: str, tmp: Path, testbed: Any = None, k8s: Any = None, namespace: str = "", runtime: str = ""
+        self,
+        kind: str,
+        tmp: Path,
+        testbed: Any = None,
+        k8s: Any = None,
+        namespace: str = "",
+        runtime: str = "",
     ) -> None:
         self.kind, self.tmp, self.testbed, self.k8s, self.namespace = kind, tmp, testbed, k8s, namespace
         self.home = tmp / "trainflow"
@@ -152,16 +157,6 @@ class World:
 
     def reset_control(self) -> None:
         self.control.unlink(missing_ok=True)
-
-
-def wait_until(fn: Callable[[], Any], timeout: float) -> Any:
-    end = time.time() + timeout
-    while time.time() < end:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout}s")
 
 
 class Adapter:
@@ -286,7 +281,7 @@ def run_scenario(adapter: Adapter, world: World) -> list[Step]:
     first = steps[0].name
     assert world.backend().get(first).state.value in ("Created", "Running")
     steps.append(step(adapter, lambda s: world.finish(s.name, ok=True), ends=True))  # 2: reattach, complete
-    wait_until(lambda: world.backend().get(first).state.value == "Complete", 120)
+    wait_until(lambda: world.backend().get(first).state.value == "Complete", 120, f"{first} Complete")
     steps.append(step(adapter, ends=True))  # 3: reuse
     assert world.backend().cancel(first)  # 4: deleted -> attempt 1 again, which fails
     wait_until(
@@ -294,7 +289,7 @@ def run_scenario(adapter: Adapter, world: World) -> list[Step]:
     )
     world.reset_control()
     steps.append(step(adapter, lambda s: world.finish(s.name, ok=False), ends=True))
-    wait_until(lambda: world.backend().get(first).state.value == "Failed", 120)
+    wait_until(lambda: world.backend().get(first).state.value == "Failed", 120, f"{first} Failed")
     world.reset_control()
     steps.append(step(adapter, lambda s: world.finish(s.name, ok=True), ends=True))  # 5: attempt 2
     return steps

@@ -38,18 +38,27 @@ def name_selector(name: str) -> str:
     return f"metadata.name={name}"
 
 
+def parse_event(raw: bytes, where: str) -> tuple[str, dict[str, Any]] | None:
+    """(type, object) of one watch event line (None for a blank line); ERROR events raise Gone or BackendError.
+
+    Both watches read events with this: the sync one of one TrainJob and the shared one of a namespace.
+    """
+    if not raw.strip():
+        return None
+    event = json.loads(raw)
+    kind, item = str(event.get("type")), event.get("object") or {}
+    if kind == "ERROR":
+        if item.get("code") == 410:
+            raise Gone(str(item.get("message")))
+        raise BackendError(f"watch of {where} failed: {item.get('message')}")
+    return kind, item
+
+
 def _events(resp: Any, namespace: str, name: str) -> Any:
-    """(type, object) of each event line; ERROR events become Gone or BackendError."""
     for raw in iter_lines(resp):
-        if not raw.strip():
-            continue
-        event = json.loads(raw)
-        kind, item = event.get("type"), event.get("object") or {}
-        if kind == "ERROR":
-            if item.get("code") == 410:
-                raise Gone(str(item.get("message")))
-            raise BackendError(f"watch of TrainJob {namespace}/{name} failed: {item.get('message')}")
-        yield kind, item
+        event = parse_event(raw, f"TrainJob {namespace}/{name}")
+        if event is not None:
+            yield event
 
 
 def watch_until(
