@@ -37,6 +37,10 @@ if TYPE_CHECKING:
     from trainflow.core.request import TrainJobRequest
     from trainflow.core.runtimes import Runtime
 
+RUNTIME_TTL = (
+    300.0  # the Trainer reads a runtime when it creates a job; a read this old is still the one used
+)
+
 
 def _selector(labels: Mapping[str, str] | None) -> str | None:
     return ",".join(f"{k}={v}" for k, v in labels.items()) if labels else None
@@ -103,6 +107,7 @@ class KubernetesBackend:
         self.submit_timeout = submit_timeout
         self.log_tail_lines = log_tail_lines
         self.last_wait_stats: WatchStats | None = None
+        self._runtimes: dict[tuple[str, str, str], tuple[float, Runtime]] = {}
 
     def close(self) -> None:
         self.api.close()
@@ -132,16 +137,23 @@ class KubernetesBackend:
     def get_runtime(
         self, name: str, kind: str = "ClusterTrainingRuntime", namespace: str | None = None
     ) -> Runtime:
+        """One runtime; read once per ``RUNTIME_TTL`` seconds (a launch and its log follower share the read)."""
         from trainflow.core.runtimes import Runtime
 
+        key = (name, kind, namespace or self.namespace)
+        cached = self._runtimes.get(key)
+        if cached is not None and time.monotonic() - cached[0] < RUNTIME_TTL:
+            return cached[1]
         try:
-            return Runtime.from_object(self.api.get_runtime(name, kind, namespace or self.namespace))
+            runtime = Runtime.from_object(self.api.get_runtime(name, kind, key[2]))
         except NotFound:
             try:
                 available = [r.name for r in self.runtimes() if r.kind == kind]
             except Exception:
                 available = []
             raise RuntimeNotFound(name, kind, available) from None
+        self._runtimes[key] = (time.monotonic(), runtime)
+        return runtime
 
     # --- launch primitives ----------------------------------------------------------------------------
     def find(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
