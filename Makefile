@@ -6,7 +6,8 @@ VENV := .venv
 RUN := $(UV) run --frozen --extra dev --no-sync
 PYTEST_FLAGS ?= -q
 
-.PHONY: setup demo test test-fast test-k8s37 reliability-long lint typecheck fmt components check-components e2e bench bench-full clean
+.PHONY: setup demo test test-fast test-k8s37 reliability-long lint typecheck fmt components check-components e2e bench bench-full clean \
+	dist test-dist image-tools images image-archive test-images
 
 include testbed/testbed.mk
 
@@ -22,6 +23,7 @@ lint: setup
 
 typecheck: setup
 	$(RUN) mypy -p trainflow.core -p trainflow.airflow -p trainflow.kfp
+	MYPYPATH=scripts $(RUN) mypy --strict -p ocibuild
 
 fmt: setup
 	$(RUN) ruff check --fix .
@@ -36,7 +38,37 @@ check-components: setup
 	  diff -ru components/yaml $$tmp || { echo "components/yaml is stale: run 'make components'"; exit 1; }
 
 test-fast: setup
-	$(RUN) pytest -m "not e2e" $(PYTEST_FLAGS)
+	$(RUN) pytest -m "not e2e and not dist and not images" $(PYTEST_FLAGS)
+
+# Wheel + sdist (LICENSE and NOTICE inside), then the built wheel in fresh venvs: Airflow floor and newest
+# (offline stand-in constraints in tests/dist/constraints), the kfp extra, the core alone.
+dist: $(UV)
+	rm -f dist/trainflow-*.whl dist/trainflow-*.tar.gz
+	$(UV) build -q --out-dir dist
+
+test-dist: setup dist
+	$(RUN) pytest -m dist tests/dist $(PYTEST_FLAGS)
+
+# OCI images without daemon or registry (root: mmdebstrap, chroot): dist/images/oci (one OCI layout) and
+# dist/images/images.json. IMAGES="trainer kfp examples" (default: all). See docs/images.md.
+IMAGES ?=
+image-tools:
+	@command -v mmdebstrap >/dev/null && command -v umoci >/dev/null && command -v skopeo >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap umoci skopeo >/dev/null; }
+
+images: setup dist image-tools
+	PYTHONPATH=scripts nice $(RUN) python -m ocibuild build $(IMAGES)
+
+# One built image as an OCI archive for 'ctr images import', under fully qualified NAMES (default: its own).
+IMAGE ?= trainer
+NAMES ?=
+OUT ?= dist/images/$(IMAGE).oci.tar
+image-archive: setup
+	PYTHONPATH=scripts $(RUN) python -m ocibuild archive $(IMAGE) $(foreach n,$(NAMES),--name $(n)) -o $(OUT)
+
+# Two builds of the KFP step image (shared cache, then a fresh one) give one digest; the image runs trainflow.
+test-images: setup dist image-tools
+	$(RUN) pytest -m images tests/images $(PYTEST_FLAGS)
 
 # The core must work on kubernetes 30.x (with kfp) and 37.x (Airflow alone picks it): run its tests on 37 too.
 K8S37_VENV := $(HOME)/.cache/trainflow/venv-kubernetes-37
@@ -60,7 +92,7 @@ reliability-long: setup
 	  RELIABILITY_DRY_RUN_EXAMPLES=50000 RELIABILITY_SEED=random RELIABILITY_LOAD_JOBS=500 \
 	  $(RUN) pytest -m e2e tests/reliability $(PYTEST_FLAGS)
 
-test: lint typecheck check-components test-fast test-k8s37 e2e
+test: lint typecheck check-components test-fast test-k8s37 test-dist test-images e2e
 
 # Benchmarks against the peers measured in the same run, on their own testbed instance.
 BENCH_TESTBED := TRAINFLOW_TESTBED_DIR=$${TRAINFLOW_BENCH_TESTBED_DIR:-/tmp/trainflow-bench-run} \

@@ -29,7 +29,7 @@ def canonical_json(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-class _Sink:
+class Sink:
     """A write-only file that hashes and counts what passes through it."""
 
     def __init__(self, fh: Any, media_type: str) -> None:
@@ -43,6 +43,17 @@ class _Sink:
 
     def tell(self) -> int:
         return self._size
+
+    def read(self, size: int = -1) -> bytes:
+        raise OSError("a blob sink is write-only")
+
+    def seek(self, pos: int) -> int:
+        if pos != self._size:
+            raise OSError("a blob sink only appends")
+        return pos
+
+    def close(self) -> None:
+        """The store closes the file when the blob is complete."""
 
     def finish(self) -> Blob:
         return Blob("sha256:" + self._hash.hexdigest(), self._size, self.media_type)
@@ -61,12 +72,12 @@ class BlobStore:
         return self.path(digest).is_file()
 
     @contextmanager
-    def writer(self, media_type: str) -> Iterator[Any]:
+    def writer(self, media_type: str) -> Iterator[Sink]:
         """Stream a blob in; on success it is stored under its digest and ``sink.blob`` is set."""
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".incoming-")
         try:
             with os.fdopen(fd, "wb") as fh:
-                sink = _Sink(fh, media_type)
+                sink = Sink(fh, media_type)
                 yield sink
             sink.blob = sink.finish()
             os.replace(tmp, self.path(sink.blob.digest))
@@ -77,8 +88,8 @@ class BlobStore:
     def put(self, data: bytes, media_type: str) -> Blob:
         with self.writer(media_type) as sink:
             sink.write(data)
-        blob: Blob = sink.blob
-        return blob
+        assert sink.blob is not None
+        return sink.blob
 
     def read_json(self, digest: str) -> Any:
         return json.loads(self.path(digest).read_bytes())
