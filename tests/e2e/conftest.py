@@ -364,3 +364,46 @@ def condition(obj: dict, ctype: str) -> dict | None:
         if c.get("type") == ctype:
             return c
     return None
+
+
+def apply_rbac(testbed: Testbed, namespace: str, manifest: Path) -> list[str]:
+    """Apply a shipped RBAC manifest with every subject moved to ``namespace``; namespaced objects go to
+    ``namespace``, cluster-scoped bindings get a per-namespace name. Returns those bindings, to delete."""
+    import copy
+
+    import yaml
+    from kubernetes import client
+
+    rbac = client.RbacAuthorizationV1Api(testbed.api_client)
+    bindings = []
+    for doc in yaml.safe_load_all(manifest.read_text()):
+        doc = copy.deepcopy(doc)
+        for subject in doc.get("subjects") or []:
+            subject["namespace"] = namespace
+        kind = doc["kind"]
+        if kind == "Role":
+            rbac.create_namespaced_role(namespace, doc)
+        elif kind == "RoleBinding":
+            rbac.create_namespaced_role_binding(namespace, doc)
+        elif kind == "ClusterRole":
+            try:
+                rbac.create_cluster_role(doc)
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+                rbac.replace_cluster_role(doc["metadata"]["name"], doc)
+        elif kind == "ClusterRoleBinding":
+            doc["metadata"]["name"] = f"{doc['metadata']['name']}-{namespace}"
+            rbac.create_cluster_role_binding(doc)
+            bindings.append(doc["metadata"]["name"])
+        else:
+            raise AssertionError(f"{manifest}: unexpected kind {kind}")
+    return bindings
+
+
+def delete_cluster_role_bindings(testbed: Testbed, names: list[str]) -> None:
+    from kubernetes import client
+
+    rbac = client.RbacAuthorizationV1Api(testbed.api_client)
+    for name in names:
+        rbac.delete_cluster_role_binding(name)
