@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -77,6 +78,36 @@ def _run(cmd: list[str], tmp_path: Path, timeout: float = 900) -> str:
     return proc.stdout
 
 
+# README connection field -> the get_backend argument the provider must turn it into
+_CONN_FIELDS = {"in_cluster": "in_cluster", "kubeconfig_path": "kubeconfig", "kubeconfig": "config_dict",
+                "context": "context", "namespace": "namespace"}  # fmt: skip
+_CONN_PROBE = (
+    "import json; from trainflow.airflow.hooks import TrainJobHook; hook = TrainJobHook(); "
+    "name, kwargs = hook.backend_config(); "
+    "print(json.dumps([name, sorted(kwargs), hook.test_connection() if name == 'local' else None]))"
+)
+
+
+def _check_readme_connections(python: Path, tmp_path: Path) -> None:
+    """Each connection of the README's Connect section, as the installed provider reads it."""
+    examples = re.findall(
+        r"AIRFLOW_CONN_KUBEFLOW_TRAINER_DEFAULT='(\{.*\})'", (REPO / "README.md").read_text()
+    )
+    assert len(examples) == 4, examples
+    for example in examples:
+        extra = json.loads(example)["extra"]
+        env = {**_env(tmp_path), "AIRFLOW_CONN_KUBEFLOW_TRAINER_DEFAULT": example}
+        proc = subprocess.run(
+            [str(python), "-c", _CONN_PROBE], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        name, kwargs, tested = json.loads(proc.stdout.splitlines()[-1])
+        assert name == extra["backend"], (example, name)
+        assert sorted(_CONN_FIELDS[k] for k in extra if k != "backend") == kwargs, (example, kwargs)
+        if name == "local":
+            assert tested[0] is True, tested
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_built_wheel_installs_and_works(case: Case, tmp_path: Path) -> None:
     wheel, venv = _wheel(), tmp_path / "venv"
@@ -129,6 +160,7 @@ def test_built_wheel_installs_and_works(case: Case, tmp_path: Path) -> None:
         assert ours[0]["version"] == version
         modules = ", ".join(f"trainflow.airflow.{m}" for m in AIRFLOW_MODULES)
         _run([str(python), "-c", f"import {modules}"], tmp_path)
+        _check_readme_connections(python, tmp_path)
 
     print(
         f"\n{case.id}: install {installed:.1f} s, total {time.monotonic() - started:.1f} s", file=sys.stderr
