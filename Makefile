@@ -47,7 +47,7 @@ dist: $(UV)
 	$(UV) build -q --out-dir dist
 
 test-dist: setup dist
-	$(RUN) pytest -m dist tests/dist $(PYTEST_FLAGS)
+	UV=$(UV) $(RUN) pytest -m dist tests/dist $(PYTEST_FLAGS)
 
 # OCI images without daemon or registry (root: mmdebstrap, chroot): dist/images/oci (one OCI layout) and
 # dist/images/images.json. IMAGES="trainer kfp examples" (default: all). See docs/images.md.

@@ -81,11 +81,14 @@ def _run(cmd: list[str], tmp_path: Path, timeout: float = 900) -> str:
 # README connection field -> the get_backend argument the provider must turn it into
 _CONN_FIELDS = {"in_cluster": "in_cluster", "kubeconfig_path": "kubeconfig", "kubeconfig": "config_dict",
                 "context": "context", "namespace": "namespace"}  # fmt: skip
-_CONN_PROBE = (
-    "import json; from trainflow.airflow.hooks import TrainJobHook; hook = TrainJobHook(); "
-    "name, kwargs = hook.backend_config(); "
-    "print(json.dumps([name, sorted(kwargs), hook.test_connection() if name == 'local' else None]))"
-)
+_CONN_PROBE = """
+import json, sys
+from trainflow.airflow.hooks import TrainJobHook
+for conn_id in sys.argv[1:]:
+    hook = TrainJobHook(conn_id)
+    name, kwargs = hook.backend_config()
+    print(json.dumps([name, sorted(kwargs), hook.test_connection() if name == "local" else None]))
+"""
 
 
 def _check_readme_connections(python: Path, tmp_path: Path) -> None:
@@ -94,14 +97,18 @@ def _check_readme_connections(python: Path, tmp_path: Path) -> None:
         r"AIRFLOW_CONN_KUBEFLOW_TRAINER_DEFAULT='(\{.*\})'", (REPO / "README.md").read_text()
     )
     assert len(examples) == 4, examples
-    for example in examples:
+    conn_ids = [f"readme_{i}" for i in range(len(examples))]
+    env = {
+        **_env(tmp_path),
+        **{f"AIRFLOW_CONN_{c.upper()}": e for c, e in zip(conn_ids, examples, strict=True)},
+    }
+    proc = subprocess.run(
+        [str(python), "-c", _CONN_PROBE, *conn_ids], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answers = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('["')]
+    for example, (name, kwargs, tested) in zip(examples, answers, strict=True):
         extra = json.loads(example)["extra"]
-        env = {**_env(tmp_path), "AIRFLOW_CONN_KUBEFLOW_TRAINER_DEFAULT": example}
-        proc = subprocess.run(
-            [str(python), "-c", _CONN_PROBE], cwd=tmp_path, env=env, capture_output=True, text=True
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        name, kwargs, tested = json.loads(proc.stdout.splitlines()[-1])
         assert name == extra["backend"], (example, name)
         assert sorted(_CONN_FIELDS[k] for k in extra if k != "backend") == kwargs, (example, kwargs)
         if name == "local":
