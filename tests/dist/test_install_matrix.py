@@ -41,7 +41,7 @@ class Case:
 
 
 CASES = [
-    Case("airflow-floor-3.0.6", "airflow", ("apache-airflow==3.0.6",), "airflow-3.0.6-py3.11.txt"),
+    Case("airflow-floor-3.2.2", "airflow", ("apache-airflow==3.2.2",), "airflow-3.2.2-py3.11.txt"),
     Case("airflow-newest-3.3.2", "airflow", ("apache-airflow==3.3.2",), "airflow-3.3.2-py3.11.txt"),
     Case("kfp", "kfp"),
     Case("core", None),
