@@ -44,6 +44,29 @@ class Resources(BaseModel):
     limits: dict[str, str | int | float] | None = None
     claims: list[dict[str, Any]] | None = None
 
+    def requirements(self) -> dict[str, Any] | None:
+        """The ``resourcesPerNode`` ResourceRequirements: shorthand cpu/memory/gpu set requests and limits."""
+        requests = {k: str(v) for k, v in (self.requests or {}).items()}
+        limits = {k: str(v) for k, v in (self.limits or {}).items()}
+        shorthand: dict[str, str] = {}
+        if self.cpu is not None:
+            shorthand["cpu"] = str(self.cpu)
+        if self.memory is not None:
+            shorthand["memory"] = self.memory
+        if self.gpu:
+            shorthand[self.gpu_resource] = str(self.gpu)
+        for key, value in shorthand.items():
+            requests.setdefault(key, value)
+            limits.setdefault(key, value)
+        out: dict[str, Any] = {}
+        if requests:
+            out["requests"] = requests
+        if limits:
+            out["limits"] = limits
+        if self.claims:
+            out["claims"] = [dict(c) for c in self.claims]
+        return out or None
+
 
 class PvcVolume(BaseModel):
     """A PersistentVolumeClaim mounted into every trainer node."""
@@ -55,6 +78,9 @@ class PvcVolume(BaseModel):
     name: str | None = None
     read_only: bool = False
     sub_path: str | None = None
+
+
+InitializerOption = str | int | list[str]
 
 
 def _parse_secret(value: Any) -> Any:
@@ -90,6 +116,15 @@ class TrainJobRequest(BaseModel):
     args: list[str] | None = None
     function: str | Callable[..., Any] | None = None
     function_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
+    packages_to_install: list[str] = Field(
+        default_factory=list,
+        description="pip requirements installed on each node before the function runs (as the Kubeflow SDK)",
+    )
+    pip_index_urls: list[str] = Field(
+        default_factory=list,
+        description="package indexes for packages_to_install: the first is --index-url, the rest "
+        "--extra-index-url; empty: the image's pip configuration",
+    )
 
     num_nodes: int | None = None
     proc_per_node: int | Literal["auto"] | None = None
@@ -102,9 +137,37 @@ class TrainJobRequest(BaseModel):
     allow_plain_credentials: bool = False
 
     dataset_uri: str | None = None
-    dataset_secret: str | None = None
+    dataset_secret: str | None = Field(
+        default=None,
+        description="Secret whose keys become the dataset initializer's env: ACCESS_TOKEN (hf); "
+        "ACCESS_KEY_ID, SECRET_ACCESS_KEY, ENDPOINT, REGION, ROLE_ARN (s3)",
+    )
+    dataset_options: dict[str, InitializerOption] = Field(
+        default_factory=dict,
+        description="dataset initializer settings, as the Kubeflow SDK names them: ignore_patterns (hf, s3); "
+        "endpoint, region, role_arn (s3)",
+    )
+    dataset_secret_env: dict[str, Annotated[SecretKeyRef, BeforeValidator(_parse_secret)]] = Field(
+        default_factory=dict,
+        description="dataset initializer credentials from Secret keys ('secret-name/key'): access_token (hf); "
+        "access_key_id, secret_access_key, endpoint, region, role_arn (s3)",
+    )
     model_uri: str | None = None
-    model_secret: str | None = None
+    model_secret: str | None = Field(
+        default=None,
+        description="Secret whose keys become the model initializer's env: ACCESS_TOKEN (hf); "
+        "ACCESS_KEY_ID, SECRET_ACCESS_KEY, ENDPOINT, REGION, ROLE_ARN (s3)",
+    )
+    model_options: dict[str, InitializerOption] = Field(
+        default_factory=dict,
+        description="model initializer settings: ignore_patterns (hf, s3; default as the Kubeflow SDK); "
+        "endpoint, region, role_arn (s3)",
+    )
+    model_secret_env: dict[str, Annotated[SecretKeyRef, BeforeValidator(_parse_secret)]] = Field(
+        default_factory=dict,
+        description="model initializer credentials from Secret keys ('secret-name/key'): access_token (hf); "
+        "access_key_id, secret_access_key, endpoint, region, role_arn (s3)",
+    )
     output_uri: str | None = None
 
     labels: dict[str, str] = Field(default_factory=dict)
