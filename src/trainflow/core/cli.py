@@ -103,7 +103,12 @@ def _backend(ctx: click.Context) -> Backend:
             config["kubeconfig"] = opts["kubeconfig"]
         if opts["context"]:
             config["context"] = opts["context"]
-    return get_backend(opts["backend"], **config)
+    backend = get_backend(opts["backend"], **config)
+    if opts["backend"] != "local":  # a command line fails at once on an unreachable server, not after retries
+        from trainflow.core.kube.config import check_reachable
+
+        check_reachable(backend.cluster)  # type: ignore[attr-defined]
+    return backend
 
 
 def _emit(data: Any, as_json: bool) -> None:

@@ -34,12 +34,17 @@ class ClusterConfig:
 
 
 def kubeconfig_paths(kubeconfig: str | os.PathLike[str] | None = None) -> list[Path]:
-    """The kubeconfig files to read: the explicit one, else ``$KUBECONFIG`` (``:``-separated), else ~/.kube/config."""
-    if kubeconfig:
-        return [Path(kubeconfig).expanduser()]
-    env = os.environ.get("KUBECONFIG")
-    raw = [p for p in env.split(os.pathsep) if p] if env else [DEFAULT_KUBECONFIG]
-    return [Path(p).expanduser() for p in raw]
+    """The kubeconfig files to read, merged as kubectl merges them.
+
+    The explicit value, else ``$KUBECONFIG``, else ~/.kube/config. Either may be a ``:``-separated list
+    (the CLI's ``--kubeconfig`` defaults to ``$KUBECONFIG``), unless it names one existing file.
+    """
+    raw = str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG") or DEFAULT_KUBECONFIG
+    if Path(raw).expanduser().is_file():
+        return [Path(raw).expanduser()]
+    return [Path(p).expanduser() for p in raw.split(os.pathsep) if p] or [
+        Path(DEFAULT_KUBECONFIG).expanduser()
+    ]
 
 
 def _read_kubeconfigs(paths: list[Path]) -> list[dict[str, Any]]:
@@ -120,8 +125,8 @@ def load_cluster_config(
             existing = [p for p in paths if p.is_file()]
             if not existing:
                 raise BackendError(
-                    f"no kubeconfig found at {', '.join(str(p) for p in paths)}; pass kubeconfig=, "
-                    "config_dict= or in_cluster=True"
+                    f"no kubeconfig found at {', '.join(str(p) for p in paths)}: point KUBECONFIG (or the "
+                    "kubeconfig setting) at a kubeconfig file, or run inside a cluster"
                 )
             k8s_config.load_kube_config(
                 config_file=os.pathsep.join(str(p) for p in existing),
@@ -147,6 +152,33 @@ def load_cluster_config(
         context=ctx_name,
         in_cluster=bool(use_in_cluster),
     )
+
+
+def check_reachable(cluster: ClusterConfig, timeout: float = 5.0) -> None:
+    """Fail fast, naming the server, when nothing answers there (one GET /version, no retries).
+
+    Any HTTP answer (even 401/403) counts as reachable; credentials are checked by the calls that follow.
+    """
+    api = new_api_client(cluster)
+    try:
+        k8s_client.VersionApi(api).get_code(_request_timeout=(timeout, timeout))
+        return
+    except k8s_client.ApiException as exc:
+        if exc.status:  # an HTTP answer
+            return
+        failure: Exception = exc  # status 0: the client's wrapping of a TLS failure
+        reason: object = exc.reason
+    except Exception as exc:  # urllib3 connection, timeout and TLS errors
+        failure, reason = exc, getattr(exc, "reason", None) or exc
+    finally:
+        api.close()
+    where = "in-cluster config" if cluster.in_cluster else f"context {cluster.context or '(none)'}"
+    kind = "" if isinstance(reason, str) else f"{type(reason).__name__}: "
+    raise BackendError(
+        f"cannot reach the Kubernetes API server at {cluster.server} ({where}): "
+        f"{kind}{' '.join(str(reason).split())[:200]}; "
+        "check that the cluster is up and that KUBECONFIG / the context point at it"
+    ) from failure
 
 
 def new_api_client(cluster: ClusterConfig) -> k8s_client.ApiClient:
