@@ -81,7 +81,10 @@ def _bind_claims(core: Any, ns: str) -> None:
         core.patch_namespaced_persistent_volume_claim(
             pvc.metadata.name,
             ns,
-            {"metadata": {"annotations": {"pv.kubernetes.io/bind-completed": "yes"}}, "spec": {"volumeName": pv}},
+            {
+                "metadata": {"annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
+                "spec": {"volumeName": pv},
+            },
         )
         core.patch_namespaced_persistent_volume_claim_status(
             pvc.metadata.name,
@@ -141,7 +144,9 @@ def outcomes(request: pytest.FixtureRequest, testbed: Any) -> Iterator[dict[str,
     t0 = time.monotonic()
     try:
         for ns in namespaces.values():
-            core.create_namespaced_service_account(ns, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="trainer-sa")))
+            core.create_namespaced_service_account(
+                ns, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="trainer-sa"))
+            )
             for intent in INTENTS:
                 for secret, data in intent.secrets.items():
                     core.create_namespaced_secret(
@@ -156,36 +161,51 @@ def outcomes(request: pytest.FixtureRequest, testbed: Any) -> Iterator[dict[str,
         )
         t = sdk_namespace()
         for intent in INTENTS:
-            for side, submit in (("sdk", lambda: _submit_sdk(sdk, t, intent)), ("tf", lambda: _submit_tf(custom, namespaces["tf"], intent))):
+            for side in ("sdk", "tf"):
                 try:
-                    submit()
+                    if side == "sdk":
+                        _submit_sdk(sdk, t, intent)
+                    else:
+                        _submit_tf(custom, namespaces["tf"], intent)
                 except Exception as exc:  # reported by the intent's test
                     getattr(result[intent.id], side).error = f"submit failed: {exc!r}"[:2000]
         t_submit = time.monotonic() - t0
-        pending = {(side, i.id) for i in INTENTS for side in ("sdk", "tf") if not getattr(result[i.id], side).error}
+        pending = {
+            (side, i.id) for i in INTENTS for side in ("sdk", "tf") if not getattr(result[i.id], side).error
+        }
         names = {i.id: i.name for i in INTENTS}
         while pending and time.monotonic() - t0 < WAIT_SECONDS:
             for side, ns in namespaces.items():
                 _bind_claims(core, ns)
-                jobs = {j["metadata"]["name"]: j for j in custom.list_namespaced_custom_object(GROUP, VERSION, ns, "trainjobs")["items"]}
+                jobs = {
+                    j["metadata"]["name"]: j
+                    for j in custom.list_namespaced_custom_object(GROUP, VERSION, ns, "trainjobs")["items"]
+                }
                 for key in [k for k in pending if k[0] == side]:
                     job = jobs.get(names[key[1]])
                     if job is not None and _terminal(job):
                         pending.discard(key)
             time.sleep(1)
         for side, ns in namespaces.items():
-            jobs = {j["metadata"]["name"]: j for j in custom.list_namespaced_custom_object(GROUP, VERSION, ns, "trainjobs")["items"]}
+            jobs = {
+                j["metadata"]["name"]: j
+                for j in custom.list_namespaced_custom_object(GROUP, VERSION, ns, "trainjobs")["items"]
+            }
             pods: dict[str, list[dict[str, Any]]] = defaultdict(list)
             for pod in core.list_namespaced_pod(ns).items:
                 raw = testbed.api_client.sanitize_for_serialization(pod)
-                pods[(raw["metadata"].get("labels") or {}).get("jobset.sigs.k8s.io/jobset-name", "")].append(raw)
+                pods[(raw["metadata"].get("labels") or {}).get("jobset.sigs.k8s.io/jobset-name", "")].append(
+                    raw
+                )
             for intent in INTENTS:
                 out = getattr(result[intent.id], side)
                 out.trainjob, out.pods = jobs.get(intent.name), pods.get(intent.name, [])
                 if (side, intent.id) in pending and not out.error:
                     out.error = f"not Complete/Failed within {WAIT_SECONDS}s:\n{_e2e.dump_namespace(testbed, ns)[-3000:]}"
-        print(f"\ndifferential: {len(INTENTS)} intents x 2 clients; submit {t_submit:.1f}s, "
-              f"all terminal {time.monotonic() - t0:.1f}s")
+        print(
+            f"\ndifferential: {len(INTENTS)} intents x 2 clients; submit {t_submit:.1f}s, "
+            f"all terminal {time.monotonic() - t0:.1f}s"
+        )
         yield result
     finally:
         for ns in namespaces.values():

@@ -28,6 +28,7 @@ class Intent:
     sdk: Callable[[SimpleNamespace], dict[str, Any]]  # kwargs of TrainerClient.train but runtime and Name
     tf: dict[str, Any]  # the trainflow request but runtime and name
     rows: tuple[str, ...] = ()
+    recipe: tuple[str, str] | None = None  # TorchTune: the recipe and config the Trainer must pick
     secrets: dict[str, dict[str, str]] = field(default_factory=dict)  # Secret name -> data, for both sides
 
 
@@ -49,13 +50,15 @@ def _container(command: list[str], **kw: Any) -> Callable[[SimpleNamespace], dic
 
 def _container_request(command: list[str], **kw: Any) -> dict[str, Any]:
     request: dict[str, Any] = {"image": kw.get("image", IMAGE), "command": command}
-    for key, field_name in (("args", "args"), ("num_nodes", "num_nodes"), ("env", "env"), ("resources", "resources")):
-        if kw.get(key) is not None:
-            request[field_name] = kw[key]
+    request.update(
+        {key: kw[key] for key in ("args", "num_nodes", "env", "resources") if kw.get(key) is not None}
+    )
     return request
 
 
-def _function(fn: Any, kwargs: dict[str, Any] | None, **kw: Any) -> Callable[[SimpleNamespace], dict[str, Any]]:
+def _function(
+    fn: Any, kwargs: dict[str, Any] | None, **kw: Any
+) -> Callable[[SimpleNamespace], dict[str, Any]]:
     def sdk(t: SimpleNamespace) -> dict[str, Any]:
         extra = {"pip_index_urls": kw["indexes"]} if kw.get("indexes") else {}
         trainer = t.CustomTrainer(
@@ -119,7 +122,10 @@ def _scheduling(t: SimpleNamespace) -> dict[str, Any]:
                 spec=t.JobSetSpecPatch(
                     replicated_jobs=[
                         t.ReplicatedJobPatch(
-                            name="node", template=t.JobTemplatePatch(spec=t.JobSpecPatch(template=t.PodTemplatePatch(spec=pod)))
+                            name="node",
+                            template=t.JobTemplatePatch(
+                                spec=t.JobSpecPatch(template=t.PodTemplatePatch(spec=pod))
+                            ),
                         )
                     ]
                 )
@@ -141,7 +147,10 @@ def _raw_patch(t: SimpleNamespace) -> dict[str, Any]:
                 spec=t.JobSetSpecPatch(
                     replicated_jobs=[
                         t.ReplicatedJobPatch(
-                            name="node", template=t.JobTemplatePatch(spec=t.JobSpecPatch(template=t.PodTemplatePatch(spec=pod)))
+                            name="node",
+                            template=t.JobTemplatePatch(
+                                spec=t.JobSpecPatch(template=t.PodTemplatePatch(spec=pod))
+                            ),
                         )
                     ]
                 )
@@ -168,7 +177,12 @@ RAW_PATCH = {
                                     "spec": {
                                         "volumes": [{"name": "scratch", "emptyDir": {}}],
                                         "containers": [
-                                            {"name": "node", "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}
+                                            {
+                                                "name": "node",
+                                                "volumeMounts": [
+                                                    {"name": "scratch", "mountPath": "/scratch"}
+                                                ],
+                                            }
                                         ],
                                     }
                                 }
@@ -187,7 +201,9 @@ S3_KEYS = {"id": "AKIADIFFERENTIAL", "secret": "s3-secret-differential"}
 def _hf_init(t: SimpleNamespace) -> Any:
     return t.Initializer(
         dataset=t.HuggingFaceDatasetInitializer(storage_uri="hf://tatsu-lab/alpaca"),
-        model=t.HuggingFaceModelInitializer(storage_uri="hf://meta-llama/Llama-3.2-1B-Instruct", access_token=HF_TOKEN),
+        model=t.HuggingFaceModelInitializer(
+            storage_uri="hf://meta-llama/Llama-3.2-1B-Instruct", access_token=HF_TOKEN
+        ),
     )
 
 
@@ -195,13 +211,17 @@ def _s3_init(t: SimpleNamespace) -> Any:
     common = {"endpoint": "http://minio.storage:9000", "region": "us-east-1"}
     keys = {"access_key_id": S3_KEYS["id"], "secret_access_key": S3_KEYS["secret"]}
     return t.Initializer(
-        dataset=t.S3DatasetInitializer(storage_uri="s3://datasets/alpaca", ignore_patterns=["*.md"], **common, **keys),
+        dataset=t.S3DatasetInitializer(
+            storage_uri="s3://datasets/alpaca", ignore_patterns=["*.md"], **common, **keys
+        ),
         model=t.S3ModelInitializer(storage_uri="s3://models/llama-3.2-1b", **common, **keys),
     )
 
 
 def _hf_files_init(t: SimpleNamespace) -> Any:
-    return t.Initializer(dataset=t.HuggingFaceDatasetInitializer(storage_uri="hf://tatsu-lab/alpaca/data/train.parquet"))
+    return t.Initializer(
+        dataset=t.HuggingFaceDatasetInitializer(storage_uri="hf://tatsu-lab/alpaca/data/train.parquet")
+    )
 
 
 S3_OPTIONS = {"endpoint": "http://minio.storage:9000", "region": "us-east-1"}
@@ -252,32 +272,32 @@ INTENTS: list[Intent] = [
            {"function": train, "num_nodes": 2}, rows=("F1",)),
     # TorchTune: full, LoRA, QLoRA on every vendored model
     Intent("llama1b-full", "d-l1-full", "torchtune-llama3.2-1b", _tune(epochs=1, batch_size=2),
-           {"args": ["batch_size=2", "epochs=1"]}, rows=("T1",)),
+           {"args": ["batch_size=2", "epochs=1"]}, rows=("T1",), recipe=("full_finetune_distributed", "llama3_2/1B_full")),
     Intent("llama1b-full-1gpu", "d-l1-1gpu", "torchtune-llama3.2-1b", _tune(epochs=1, bf16=True, resources={"gpu": 1}),
-           {"args": ["dtype=bf16", "epochs=1"], "resources": {"gpu": 1}}, rows=("T1",)),
+           {"args": ["dtype=bf16", "epochs=1"], "resources": {"gpu": 1}}, rows=("T1",), recipe=("full_finetune_single_device", "llama3_2/1B_full_single_device")),
     Intent("llama1b-lora", "d-l1-lora", "torchtune-llama3.2-1b", _tune(epochs=1, peft={"lora_rank": 8, "lora_alpha": 16}),
-           {"args": ["epochs=1", "model.lora_rank=8", "model.lora_alpha=16", LORA_ARG]}, rows=("T1",)),
+           {"args": ["epochs=1", "model.lora_rank=8", "model.lora_alpha=16", LORA_ARG]}, rows=("T1",), recipe=("lora_finetune_distributed", "llama3_2/1B_lora")),
     Intent("llama1b-qlora", "d-l1-qlora", "torchtune-llama3.2-1b",
            _tune(peft={"quantize_base": True}, resources={"gpu": 1}),
-           {"args": ["model.quantize_base=True", LORA_ARG], "resources": {"gpu": 1}}, rows=("T1",)),
-    Intent("llama3b-full", "d-l3-full", "torchtune-llama3.2-3b", _tune(epochs=2), {"args": ["epochs=2"]}, rows=("T1",)),
+           {"args": ["model.quantize_base=True", LORA_ARG], "resources": {"gpu": 1}}, rows=("T1",), recipe=("lora_finetune_single_device", "llama3_2/1B_qlora_single_device")),
+    Intent("llama3b-full", "d-l3-full", "torchtune-llama3.2-3b", _tune(epochs=2), {"args": ["epochs=2"]}, rows=("T1",), recipe=("full_finetune_distributed", "llama3_2/3B_full")),
     Intent("llama3b-lora-1gpu", "d-l3-lora", "torchtune-llama3.2-3b", _tune(peft={}, resources={"gpu": 1}),
-           {"args": [LORA_ARG], "resources": {"gpu": 1}}, rows=("T1",)),
-    Intent("qwen-full", "d-qw-full", "torchtune-qwen2.5-1.5b", _tune(batch_size=4), {"args": ["batch_size=4"]}, rows=("T1",)),
+           {"args": [LORA_ARG], "resources": {"gpu": 1}}, rows=("T1",), recipe=("lora_finetune_single_device", "llama3_2/3B_lora_single_device")),
+    Intent("qwen-full", "d-qw-full", "torchtune-qwen2.5-1.5b", _tune(batch_size=4), {"args": ["batch_size=4"]}, rows=("T1",), recipe=("full_finetune_distributed", "qwen2_5/1.5B_full")),
     Intent("qwen-lora", "d-qw-lora", "torchtune-qwen2.5-1.5b", _tune(peft={"lora_dropout": 0.1}),
-           {"args": ["model.lora_dropout=0.1", LORA_ARG]}, rows=("T1",)),
+           {"args": ["model.lora_dropout=0.1", LORA_ARG]}, rows=("T1",), recipe=("lora_finetune_distributed", "qwen2_5/1.5B_lora")),
     # initializers
     Intent("hf-initializers", "d-hf-init", "torchtune-llama3.2-1b", _tune(epochs=1, initializer=_hf_init),
            {"args": ["epochs=1"], "dataset_uri": "hf://tatsu-lab/alpaca", "model_uri": "hf://meta-llama/Llama-3.2-1B-Instruct",
             "model_secret_env": {"access_token": "hf-token/token"}},
-           rows=("T1", "T2", "S1"), secrets={"hf-token": {"token": HF_TOKEN}}),
+           rows=("T1", "T2", "S1"), recipe=("full_finetune_distributed", "llama3_2/1B_full"), secrets={"hf-token": {"token": HF_TOKEN}}),
     Intent("s3-initializers", "d-s3-init", "torchtune-llama3.2-1b", _tune(epochs=1, initializer=_s3_init),
            {"args": ["epochs=1"], "dataset_uri": "s3://datasets/alpaca", "dataset_options": {**S3_OPTIONS, "ignore_patterns": ["*.md"]},
             "dataset_secret_env": S3_SECRET_ENV, "model_uri": "s3://models/llama-3.2-1b", "model_options": S3_OPTIONS,
             "model_secret_env": S3_SECRET_ENV},
-           rows=("T1", "S1"), secrets={"s3-keys": S3_KEYS}),
+           rows=("T1", "S1"), recipe=("full_finetune_distributed", "llama3_2/1B_full"), secrets={"s3-keys": S3_KEYS}),
     Intent("hf-dataset-file", "d-hf-file", "torchtune-llama3.2-1b", _tune(initializer=_hf_files_init),
-           {"dataset_uri": "hf://tatsu-lab/alpaca/data/train.parquet"}, rows=("T1",)),
+           {"dataset_uri": "hf://tatsu-lab/alpaca/data/train.parquet"}, rows=("T1",), recipe=("full_finetune_distributed", "llama3_2/1B_full")),
     # metadata, scheduling, raw runtime patches, names, deadline
     Intent("labels-annotations", "d-labels", "torch-distributed", _labels,
            {**_container_request(["torchrun", "/app/train.py"]), "labels": {"team": "ml", "cost-center": "r-d"},

@@ -17,6 +17,7 @@ from trainflow.core.torchtune import runtime_overrides
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
+RJOB = "jobset.sigs.k8s.io/replicatedjob-name"
 COMMAND, ARGS = "*/containers/node/command", "*/containers/node/args"
 LAUNCHERS = {"torchrun": "torchrun --no-python python3", "python": "python3"}
 
@@ -125,6 +126,15 @@ def test_pods_match_the_sdk(outcomes: dict[str, Any], intent: Intent) -> None:
         explained |= ROWS[row](intent, diff)
     unexplained = {p: v for p, v in diff.items() if p not in explained}
     assert not unexplained, f"differences not in docs/fidelity.md: {unexplained}"
+    if intent.recipe:  # the Trainer's TorchTune mode picked the recipe and config the overrides ask for
+        for pod in (p for p in result.tf.pods if p["metadata"]["labels"][RJOB] == "node"):
+            command = next(c for c in pod["spec"]["containers"] if c["name"] == "node")["command"]
+            recipe, config = intent.recipe
+            assert command[:2] == ["tune", "run"] and command[command.index("--config") - 1 :][:3] == [
+                recipe,
+                "--config",
+                config,
+            ], command
     # row L2: trainflow's identity label on every pod, none on the SDK's
     assert all(p["metadata"]["labels"].get(MANAGED_BY_LABEL) == MANAGED_BY_VALUE for p in result.tf.pods)
     assert not any(MANAGED_BY_LABEL in p["metadata"]["labels"] for p in result.sdk.pods)
