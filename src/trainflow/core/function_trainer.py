@@ -40,8 +40,9 @@ with open(base + ".lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     if not os.path.exists(base + ".done"):
         env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_BREAK_SYSTEM_PACKAGES="1")
-        if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode:
-            subprocess.run([sys.executable, "-m", "ensurepip", "--user"], capture_output=True)
+        for extra in ([], ["--user"]):  # no pip in the image: bootstrap it (system, else per user)
+            if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode:
+                subprocess.run([sys.executable, "-m", "ensurepip", *extra], capture_output=True)
         pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-warn-script-location"]
         for i, url in enumerate(spec["index_urls"]):
             pip += ["--index-url" if i == 0 else "--extra-index-url", url]
