@@ -18,12 +18,15 @@ import tokenize
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from trainflow.core.errors import InvalidRequest
+from trainflow.core.errors import FieldIssue, InvalidRequest
+from trainflow.core.request import TrainJobRequest
 
 FUNCTION_REF = re.compile(
     r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 )
 MPI_HOSTFILE = "/etc/mpi/hostfile"
+PIP_INDEX_URL = re.compile(r"^(https?|file)://\S+$")
+URL_CREDENTIALS = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*:[^/?#@]*@")
 
 _HEADER = "from __future__ import annotations\n"
 _CALL = """
@@ -147,3 +150,42 @@ def function_command(
     if policy == "mpi":
         return ["mpirun", "--hostfile", MPI_HOSTFILE, *install, *run]
     return [*install, *run]
+
+
+def check_packages(req: TrainJobRequest) -> list[FieldIssue]:
+    """packages_to_install and pip_index_urls: a function trainer's, pip requirements, index URLs."""
+    issues = []
+    if req.packages_to_install and req.function is None:
+        issues.append(
+            FieldIssue(
+                "packages_to_install",
+                "needs 'function'",
+                "for a container trainer, install them in the image",
+            )
+        )
+    if req.pip_index_urls and not req.packages_to_install:
+        issues.append(FieldIssue("pip_index_urls", "has no effect without packages_to_install", "drop it"))
+    for i, spec in enumerate(req.packages_to_install):
+        if not spec.strip() or spec.startswith("-") or "\0" in spec or len(spec) > 1000:
+            fix = "e.g. 'transformers==4.57.1'; give index URLs in pip_index_urls"
+            issues.append(
+                FieldIssue(f"packages_to_install[{i}]", f"{spec[:80]!r} is not a pip requirement", fix)
+            )
+    for i, url in enumerate(req.pip_index_urls):
+        if URL_CREDENTIALS.match(url):
+            issues.append(
+                FieldIssue(
+                    f"pip_index_urls[{i}]",
+                    "holds credentials (user:password@); they would be stored in the TrainJob in plain text",
+                    "drop it and give the URL as secret_env {'PIP_INDEX_URL': 'secret-name/key'}",
+                )
+            )
+        elif not PIP_INDEX_URL.match(url) or len(url) > 2048:
+            issues.append(
+                FieldIssue(
+                    f"pip_index_urls[{i}]",
+                    f"{url[:80]!r} is not an index URL",
+                    "e.g. https://pypi.org/simple",
+                )
+            )
+    return issues

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import urlparse
 
 from trainflow.core.errors import FieldIssue
 from trainflow.core.request import InitializerOption, SecretKeyRef, TrainJobRequest
@@ -111,6 +112,21 @@ def _sets_storage_uri(runtime: Runtime, step: str) -> bool:
     return False
 
 
+def _file_uri_issues(kind: str, uri: str, req: TrainJobRequest, local: bool) -> list[FieldIssue]:
+    """A ``file://`` URI: the local engine links the directory in place of the initializer; no cluster can."""
+    field, parsed = f"{kind}_uri", urlparse(uri)
+    fix = f"use file:///abs/path locally, or one of {', '.join(SCHEMES[kind])} on a cluster"
+    issues = []
+    if not local:
+        issues.append(FieldIssue(field, "file:// URIs exist only on the local engine", fix))
+    elif parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+        issues.append(FieldIssue(field, f"{uri[:80]!r} is not file:///absolute/path", fix))
+    for extra in ("secret", "options", "secret_env"):
+        if getattr(req, f"{kind}_{extra}"):
+            issues.append(FieldIssue(f"{kind}_{extra}", "is not used for file:// URIs", "remove it"))
+    return issues
+
+
 def _check_uri(kind: str, uri: str, runtime: Runtime) -> list[FieldIssue]:
     field, step, schemes = f"{kind}_uri", STEPS[kind], SCHEMES[kind]
     if URI_CREDENTIALS.match(uri):
@@ -203,11 +219,17 @@ def _check_settings(kind: str, req: TrainJobRequest) -> list[FieldIssue]:
     return issues
 
 
-def check(req: TrainJobRequest, runtime: Runtime) -> list[FieldIssue]:
-    """URIs, settings and credentials of both initializers, and steps that could only fail."""
+def check(req: TrainJobRequest, runtime: Runtime, *, local: bool = False) -> list[FieldIssue]:
+    """URIs, settings and credentials of both initializers, and steps that could only fail.
+
+    ``local``: the local engine, where ``file://`` URIs stand in for the initializers.
+    """
     issues: list[FieldIssue] = []
     for kind in ("dataset", "model"):
         uri, secret, _, _ = _fields(req, kind)
+        if uri is not None and uri.lower().startswith("file://"):
+            issues += _file_uri_issues(kind, uri, req, local)
+            continue
         if uri is not None:
             issues += _check_uri(kind, uri, runtime)
         issues += _check_settings(kind, req)

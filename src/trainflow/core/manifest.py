@@ -156,13 +156,15 @@ def build_trainjob(
     *,
     namespace: str | None = None,
     attempt: int = 1,
+    local: bool = False,
 ) -> dict[str, Any]:
     """Validate the request against the runtime and return the TrainJob manifest, ready for the API.
 
-    Raises InvalidRequest naming each bad field; nothing is submitted here.
+    Raises InvalidRequest naming each bad field; nothing is submitted here. ``local``: for the local engine
+    (``file://`` dataset and model URIs allowed).
     """
     req = parse_request(request)
-    validate_request(req, runtime)
+    validate_request(req, runtime, local=local)
     labels = {**req.labels, **identity_labels(req, attempt)}
     metadata: dict[str, Any] = {"name": job_name(req, runtime, attempt)}
     ns = req.namespace or namespace

@@ -44,6 +44,16 @@ class JobRef(BaseModel):
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    @classmethod
+    def parse(cls, ref: JobRef | str, namespace: str) -> JobRef:
+        """Accept ``name``, ``namespace/name`` or a JobRef (``namespace`` fills in a bare name)."""
+        if isinstance(ref, JobRef):
+            return ref
+        if "/" in ref:
+            ns, _, name = ref.partition("/")
+            return cls(name=name, namespace=ns)
+        return cls(name=ref, namespace=namespace)
+
 
 class TrainJobResult(BaseModel):
     """The state and outcome of a TrainJob; serialises to plain JSON for XCom and KFP outputs."""

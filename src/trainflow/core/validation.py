@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from trainflow.core import initializers, patches, torchtune
 from trainflow.core.errors import FieldIssue, InvalidRequest
+from trainflow.core.function_trainer import check_packages
 from trainflow.core.naming import (
     DNS_SUBDOMAIN,
     LABEL_VALUE_PATTERN,
@@ -28,7 +29,6 @@ MAX_LIST = 128
 MAX_ARG_CHARS = 1_048_576
 URI_CREDENTIALS = initializers.URI_CREDENTIALS
 STORAGE_URI = initializers.STORAGE_URI
-PIP_INDEX_URL = re.compile(r"^(https?|file)://[^\s]+$")
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 DNS_LABEL = NAME_PATTERN
@@ -175,7 +175,7 @@ def _check_trainer(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
     if runtime.is_torchtune:
         c.issues += torchtune.check(req, runtime)
 
-    _check_packages(c, req)
+    c.issues += check_packages(req)
     c.int_range("num_nodes", req.num_nodes, 1, INT32_MAX)
     ppn = req.proc_per_node
     if isinstance(ppn, int):
@@ -186,33 +186,6 @@ def _check_trainer(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
         c.add(
             "proc_per_node", "XGBoost runtimes run one worker per GPU (or per node)", "remove proc_per_node"
         )
-
-
-def _check_packages(c: _Checker, req: TrainJobRequest) -> None:
-    if req.packages_to_install and req.function is None:
-        c.add(
-            "packages_to_install",
-            "needs 'function'",
-            "for a container trainer, install packages in the image",
-        )
-    if req.pip_index_urls and not req.packages_to_install:
-        c.add("pip_index_urls", "has no effect without packages_to_install", "drop it, or list the packages")
-    for i, spec in enumerate(req.packages_to_install):
-        if not spec.strip() or spec.startswith("-") or "\0" in spec or len(spec) > 1000:
-            c.add(
-                f"packages_to_install[{i}]",
-                f"{spec[:80]!r} is not a pip requirement",
-                "e.g. 'transformers==4.57.1'; give index URLs in pip_index_urls",
-            )
-    for i, url in enumerate(req.pip_index_urls):
-        if URI_CREDENTIALS.match(url):
-            c.add(
-                f"pip_index_urls[{i}]",
-                "holds credentials (user:password@); they would be stored in the TrainJob in plain text",
-                "drop it and give the URL as secret_env {'PIP_INDEX_URL': 'secret-name/key'}",
-            )
-        elif not PIP_INDEX_URL.match(url) or len(url) > 2048:
-            c.add(f"pip_index_urls[{i}]", f"{url[:80]!r} is not an index URL", "e.g. https://pypi.org/simple")
 
 
 def _check_resources(c: _Checker, req: TrainJobRequest) -> None:
@@ -271,8 +244,8 @@ def _check_env(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
         c.secret_ref(f"secret_env.{name}", ref)
 
 
-def _check_initializers(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
-    c.issues += initializers.check(req, runtime)
+def _check_initializers(c: _Checker, req: TrainJobRequest, runtime: Runtime, local: bool) -> None:
+    c.issues += initializers.check(req, runtime, local=local)
     c.secret_name("dataset_secret", req.dataset_secret)
     c.secret_name("model_secret", req.model_secret)
     for kind in ("dataset", "model"):
@@ -365,14 +338,17 @@ def check_identity(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
         c.add("runtime_kind", "does not match the runtime found", "use ClusterTrainingRuntime")
 
 
-def validate_request(req: TrainJobRequest, runtime: Runtime) -> None:
-    """Raise InvalidRequest listing every problem; return quietly when the request is valid."""
+def validate_request(req: TrainJobRequest, runtime: Runtime, *, local: bool = False) -> None:
+    """Raise InvalidRequest listing every problem; return quietly when the request is valid.
+
+    ``local``: the job runs on the local engine, where ``file://`` dataset and model URIs are allowed.
+    """
     c = _Checker()
     check_identity(c, req, runtime)
     _check_trainer(c, req, runtime)
     _check_resources(c, req)
     _check_env(c, req, runtime)
-    _check_initializers(c, req, runtime)
+    _check_initializers(c, req, runtime, local)
     _check_patches(c, req, runtime)
     c.issues += patches.check(req.runtime_patches, runtime)
     if c.issues:
