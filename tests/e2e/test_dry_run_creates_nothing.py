@@ -26,7 +26,7 @@ def test_kubernetes_dry_run_validates_on_the_server_and_creates_nothing(
     base += ["-n", namespace, "submit", "--dry-run", "--runtime", "torch-distributed", "--name", "dry"]
     ok = trainflow(testbed.env, *base, "--image", IMAGE, "--", "torchrun", "/app/train.py")
     assert ok.returncode == 0, ok.stderr
-    assert "dry run ok" in ok.stdout
+    assert "nothing was created" in ok.stdout
     refused = trainflow(testbed.env, *base, "--num-nodes", "0", "--", "torchrun", "/app/train.py")
     assert refused.returncode == 2 and "num_nodes" in refused.stderr
     jobs = k8s.custom.list_namespaced_custom_object(
