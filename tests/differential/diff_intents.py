@@ -110,90 +110,54 @@ def _labels(t: SimpleNamespace) -> dict[str, Any]:
     }
 
 
+def _sdk_node_patch(t: SimpleNamespace, pod: Any) -> Any:
+    """An SDK RuntimePatch of the ``node`` replicated job's pod spec."""
+    job = t.ReplicatedJobPatch(
+        name="node", template=t.JobTemplatePatch(spec=t.JobSpecPatch(template=t.PodTemplatePatch(spec=pod)))
+    )
+    spec = t.JobSetSpecPatch(replicated_jobs=[job])
+    return t.RuntimePatch(
+        training_runtime_spec=t.TrainingRuntimeSpecPatch(template=t.JobSetTemplatePatch(spec=spec))
+    )
+
+
+def node_patch(job: str, pod: dict[str, Any], manager: str = "example.com/platform") -> dict[str, Any]:
+    """A raw ``runtime_patches`` entry patching one replicated job's pod spec."""
+    spec = {"replicatedJobs": [{"name": job, "template": {"spec": {"template": {"spec": pod}}}}]}
+    return {"manager": manager, "trainingRuntimeSpec": {"template": {"spec": spec}}}
+
+
 def _scheduling(t: SimpleNamespace) -> dict[str, Any]:
     pod = t.PodSpecPatch(
         service_account_name="trainer-sa",
         node_selector={"kubernetes.io/os": "linux"},
         tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     )
-    patch = t.RuntimePatch(
-        training_runtime_spec=t.TrainingRuntimeSpecPatch(
-            template=t.JobSetTemplatePatch(
-                spec=t.JobSetSpecPatch(
-                    replicated_jobs=[
-                        t.ReplicatedJobPatch(
-                            name="node",
-                            template=t.JobTemplatePatch(
-                                spec=t.JobSpecPatch(template=t.PodTemplatePatch(spec=pod))
-                            ),
-                        )
-                    ]
-                )
-            )
-        )
-    )
     return {
         "trainer": t.CustomTrainerContainer(image=IMAGE),
-        "options": [t.TrainerCommand(command=["torchrun", "/app/train.py"]), patch],
+        "options": [t.TrainerCommand(command=["torchrun", "/app/train.py"]), _sdk_node_patch(t, pod)],
     }
+
+
+SCRATCH_MOUNT = {"name": "scratch", "mountPath": "/scratch"}
 
 
 def _raw_patch(t: SimpleNamespace) -> dict[str, Any]:
-    container = t.ContainerPatch(name="node", volume_mounts=[{"name": "scratch", "mountPath": "/scratch"}])
+    container = t.ContainerPatch(name="node", volume_mounts=[SCRATCH_MOUNT])
     pod = t.PodSpecPatch(volumes=[{"name": "scratch", "emptyDir": {}}], containers=[container])
-    patch = t.RuntimePatch(
-        training_runtime_spec=t.TrainingRuntimeSpecPatch(
-            template=t.JobSetTemplatePatch(
-                spec=t.JobSetSpecPatch(
-                    replicated_jobs=[
-                        t.ReplicatedJobPatch(
-                            name="node",
-                            template=t.JobTemplatePatch(
-                                spec=t.JobSpecPatch(template=t.PodTemplatePatch(spec=pod))
-                            ),
-                        )
-                    ]
-                )
-            )
-        )
-    )
     return {
         "trainer": t.CustomTrainerContainer(image=IMAGE),
-        "options": [t.TrainerCommand(command=["torchrun", "/app/train.py"]), patch],
+        "options": [t.TrainerCommand(command=["torchrun", "/app/train.py"]), _sdk_node_patch(t, pod)],
     }
 
 
-RAW_PATCH = {
-    "manager": "example.com/platform",
-    "trainingRuntimeSpec": {
-        "template": {
-            "spec": {
-                "replicatedJobs": [
-                    {
-                        "name": "node",
-                        "template": {
-                            "spec": {
-                                "template": {
-                                    "spec": {
-                                        "volumes": [{"name": "scratch", "emptyDir": {}}],
-                                        "containers": [
-                                            {
-                                                "name": "node",
-                                                "volumeMounts": [
-                                                    {"name": "scratch", "mountPath": "/scratch"}
-                                                ],
-                                            }
-                                        ],
-                                    }
-                                }
-                            }
-                        },
-                    }
-                ]
-            }
-        }
+RAW_PATCH = node_patch(
+    "node",
+    {
+        "volumes": [{"name": "scratch", "emptyDir": {}}],
+        "containers": [{"name": "node", "volumeMounts": [SCRATCH_MOUNT]}],
     },
-}
+)
 HF_TOKEN = "hf_differential_canary"
 S3_KEYS = {"id": "AKIADIFFERENTIAL", "secret": "s3-secret-differential"}
 

@@ -15,6 +15,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from diff_intents import node_patch
 
 from trainflow.core import InvalidRequest, build_trainjob, local_catalog
 from trainflow.core.runtimes import RESERVED_ENV, Runtime, find_runtime
@@ -27,11 +28,6 @@ BASE: dict[str | None, dict[str, Any]] = {
     "jax": {"command": ["python3", "/app/train.py"]},
     "xgboost": {"command": ["python3", "/app/train.py"]},
 }
-
-
-def _patch(job: str, pod: dict[str, Any], manager: str = "example.com/team") -> dict[str, Any]:
-    spec = {"replicatedJobs": [{"name": job, "template": {"spec": {"template": {"spec": pod}}}}]}
-    return {"manager": manager, "trainingRuntimeSpec": {"template": {"spec": spec}}}
 
 
 def cases_for(runtime: Runtime) -> Iterator[tuple[str, dict[str, Any], str, str]]:
@@ -66,14 +62,14 @@ def cases_for(runtime: Runtime) -> Iterator[tuple[str, dict[str, Any], str, str]
             yield f"{kind}-uri", {**base, f"{kind}_uri": uri}, f"{kind}_uri", "spec.runtimeRef"
     trainer = runtime.trainer_job_name
     patches = [
-        ("patch-unknown-job", _patch("nope", {}), "runtime_patches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0].name"),
+        ("patch-unknown-job", node_patch("nope", {}), "runtime_patches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0].name"),
         (
             "patch-unknown-container",
-            _patch(trainer, {"containers": [{"name": "sidecar"}]}),
+            node_patch(trainer, {"containers": [{"name": "sidecar"}]}),
             "runtime_patches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0].template.spec.template.spec.containers[0].name",
         ),
-        ("patch-env-on-node", _patch(trainer, {"containers": [{"name": "node", "env": [{"name": "A", "value": "1"}]}]}), "runtime_patches[0]"),
-        ("patch-manager", _patch(trainer, {}, manager="team"), "runtime_patches[0].manager"),
+        ("patch-env-on-node", node_patch(trainer, {"containers": [{"name": "node", "env": [{"name": "A", "value": "1"}]}]}), "runtime_patches[0]"),
+        ("patch-manager", node_patch(trainer, {}, manager="team"), "runtime_patches[0].manager"),
     ]  # fmt: skip
     for case, patch, field in patches:
         yield case, {**base, "runtime_patches": [patch]}, field, "spec.runtimePatches"

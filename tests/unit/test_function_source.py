@@ -6,7 +6,7 @@ tests/integration/test_function_cross_python.py.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import subprocess
 import sys
@@ -23,14 +23,10 @@ FUNCTIONS = Path(__file__).resolve().parents[1] / "data" / "functions" / "user_f
 
 
 def user_module() -> ModuleType:
-    name = "trainflow_test_user_functions"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, FUNCTIONS)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """The functions' module, imported from its file (inspect reads the source from there)."""
+    if str(FUNCTIONS.parent) not in sys.path:
+        sys.path.insert(0, str(FUNCTIONS.parent))
+    return importlib.import_module(FUNCTIONS.stem)
 
 
 def _user_text(first: str, last: str) -> str:
