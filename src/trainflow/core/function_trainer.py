@@ -16,10 +16,12 @@ import re
 import textwrap
 import tokenize
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainflow.core.errors import FieldIssue, InvalidRequest
-from trainflow.core.request import TrainJobRequest
+
+if TYPE_CHECKING:  # kept out at run time: the code shipped to trainers is built from this module alone
+    from trainflow.core.request import TrainJobRequest
 
 FUNCTION_REF = re.compile(
     r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
