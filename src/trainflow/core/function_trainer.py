@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainflow.core.errors import FieldIssue, InvalidRequest
 
-if TYPE_CHECKING:  # kept out at run time: the code shipped to trainers is built from this module alone
+if TYPE_CHECKING:  # not at run time: this module stays loadable alone (no pydantic), on any Python
     from trainflow.core.request import TrainJobRequest
 
 FUNCTION_REF = re.compile(
