@@ -21,7 +21,11 @@ lint: setup
 	$(RUN) ruff format --check .
 
 typecheck: setup
-	$(RUN) mypy -p trainflow.core
+	$(RUN) mypy -p trainflow.core -p trainflow.airflow -p trainflow.kfp
+
+fmt: setup
+	$(RUN) ruff check --fix .
+	$(RUN) ruff format .
 
 # Compiled KFP component YAMLs are generated; CI checks they are up to date.
 components: setup

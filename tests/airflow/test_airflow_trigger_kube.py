@@ -30,7 +30,11 @@ def _fake_module():
 def fake(monkeypatch: pytest.MonkeyPatch):
     helper = _fake_module()
     server = helper.FakeApiServer()
-    extra = {"backend": "kubernetes", "kubeconfig": json.dumps(helper.kubeconfig(server.url)), "namespace": "ns"}
+    extra = {
+        "backend": "kubernetes",
+        "kubeconfig": json.dumps(helper.kubeconfig(server.url)),
+        "namespace": "ns",
+    }
     monkeypatch.setenv("AIRFLOW_CONN_TF_FAKE", json.dumps({"conn_type": "kubeflow_trainer", "extra": extra}))
     yield server
     server.close()

@@ -11,6 +11,7 @@ Env: ``TRAINFLOW_TESTBED_DIR`` (default ``/tmp/trainflow-testbed``).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -305,6 +306,26 @@ def wait_until(fn: Callable[[], Any], timeout: float, desc: str, interval: float
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {desc}; last={last!r}")
+
+
+_REQUEST_METRIC = re.compile(r"^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$")
+
+
+def request_totals(testbed: Testbed) -> collections.Counter[str]:
+    """The API server's ``apiserver_request_total`` by ``"VERB resource"`` (every client, controllers too)."""
+    from kubernetes import client
+
+    resp = client.ApiClient.call_api(
+        testbed.api_client, "/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False
+    )[0]
+    out: collections.Counter[str] = collections.Counter()
+    for line in resp.data.decode().splitlines():
+        m = _REQUEST_METRIC.match(line)
+        if m:
+            labels = dict(kv.split("=", 1) for kv in re.findall(r'(\w+="[^"]*")', m.group(1)))
+            verb, resource = labels.get("verb", "").strip('"'), labels.get("resource", "").strip('"')
+            out[f"{verb} {resource}"] += int(float(m.group(2)))
+    return out
 
 
 NO_RETRY_RUNTIME = "torch-no-retry"

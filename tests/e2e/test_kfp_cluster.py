@@ -21,7 +21,7 @@ import yaml
 from kfp import local
 from kubernetes import client
 
-from conftest import sa_kubeconfig, wait_until
+from conftest import request_totals, sa_kubeconfig, wait_until
 from trainflow.core.naming import KEY_LABEL, MANAGED_BY_LABEL
 from trainflow.kfp import make_train_job_component
 
@@ -111,11 +111,15 @@ def train_op() -> Any:
 
 
 def test_train_job_completes_and_a_retry_reattaches(
-    runner_kubeconfig: Path, kfp_local: Path, namespace: str, k8s: Any
+    runner_kubeconfig: Path, kfp_local: Path, namespace: str, k8s: Any, testbed: Any
 ) -> None:
     started = time.monotonic()
+    before = request_totals(testbed)
     first = train_op()(**step_kwargs(runner_kubeconfig))
     elapsed = time.monotonic() - started
+    calls = request_totals(testbed) - before
+    # one step: one runtime read and one create (the controllers read runtimes from their caches)
+    assert calls["GET clustertrainingruntimes"] == 1 and calls["POST trainjobs"] == 1, calls
     assert first.outputs["state"] == "Complete" and first.outputs["namespace"] == namespace
     (job,) = trainjobs(k8s, namespace)
     assert job["metadata"]["name"] == first.outputs["job_name"]

@@ -142,7 +142,7 @@ def test_deterministic_name_adopts_and_conflicts(backend, namespace, k8s):
     with pytest.raises(TrainJobConflict, match=r"spec\.trainer"):
         backend.submit(other)
     # same name, someone else's job (other identity label)
-    with pytest.raises(TrainJobConflict, match="not this request.s .*trainflow.dev/key"):
+    with pytest.raises(TrainJobConflict, match=r"not this request.s .*trainflow\.dev/key"):
         backend.submit(request("e2e/adopt-2", name=first.name))
     assert len(trainjobs(k8s, namespace)) == 1
     backend.wait(first, timeout=TIMEOUT)

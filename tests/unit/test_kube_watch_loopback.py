@@ -26,6 +26,7 @@ def fake():
 @pytest.fixture
 def backend(fake):
     b = KubernetesBackend(config_dict=kubeconfig(fake.url))
+    b.api.api_client  # noqa: B018 - the client library loads on first use; not inside the timed steps below
     yield b
     b.close()
 

@@ -73,7 +73,7 @@ TABLE = [
         [RUNNING, progress(10), progress(50, loss="0.5"), COMPLETE],
         ["Running", "Running", "Running", "Complete"],
         "Complete",
-    ),  # fmt: skip
+    ),
     ("same-status-is-not-news", [RUNNING, RUNNING, COMPLETE], ["Running", "Complete"], "Complete"),
     ("deadline", [CREATED, RUNNING], ["Created", "Running"], "timeout"),
 ]
@@ -201,7 +201,7 @@ def test_local_engine(tmp_path: Path) -> None:
             feed_slowly(row[1][1:], write, 0.3)
             try:
                 ending: Any = backend.wait(
-                    row[0], timeout=DEADLINE, on_update=lambda r: reported.append(r.state)
+                    row[0], timeout=DEADLINE, on_update=lambda r, seen=reported: seen.append(r.state)
                 )
             except (TrainJobFailed, WaitTimeout) as exc:
                 ending = exc

@@ -44,7 +44,7 @@ def imports(path: Path, name: str, known: set[str]) -> set[str]:
             base = node.module or ""
             if node.level:
                 base = ".".join(
-                    package.split(".")[: len(package.split(".")) - node.level + 1] + [base]
+                    [*package.split(".")[: len(package.split(".")) - node.level + 1], base]
                 ).strip(".")
             found.add(base)
             found.update(f"{base}.{a.name}" for a in node.names)

@@ -67,6 +67,11 @@ class BackendError(TrainflowError):
     """The backend (API server, local engine) could not do what was asked."""
 
 
+class Transient(BackendError):
+    """The API server was unreachable, throttling (429) or failing (5xx) through every retry; a long wait keeps
+    trying, a single call gives up."""
+
+
 class NotFound(BackendError, LookupError):
     """An object other than the TrainJob itself (a runtime, a pod) does not exist."""
 

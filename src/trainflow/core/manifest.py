@@ -9,18 +9,21 @@ from trainflow.core import initializers, torchtune
 from trainflow.core.errors import FieldIssue, InvalidRequest
 from trainflow.core.function_trainer import function_command
 from trainflow.core.naming import (
+    API_VERSION,
     ATTEMPT_LABEL,
+    GROUP,
     KEY_LABEL,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
     PATCH_MANAGER,
+    TRAINER_CONTAINER,
     derive_name,
     key_label,
     random_name,
 )
 from trainflow.core.request import TrainJobRequest
 from trainflow.core.result import OUTPUT_URI_ANNOTATION
-from trainflow.core.runtimes import API_VERSION, GROUP, TRAINER_CONTAINER, Runtime
+from trainflow.core.runtimes import Runtime
 from trainflow.core.schema import schema_errors
 from trainflow.core.validation import OUTPUT_ENV, max_name_length, parse_request, validate_request
 

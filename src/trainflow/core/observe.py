@@ -82,7 +82,7 @@ def observe(waiter: Waiter, obj: Mapping[str, Any] | None, now: float) -> Outcom
         if seen.state is JobState.RUNNING:
             waiter.ran = True
         elif seen.state is JobState.CREATED and waiter.ran:
-            seen = seen.model_copy(update={"state": JobState.RUNNING})
+            seen = seen.replace(state=JobState.RUNNING)
         waiter.obj, waiter.result = obj, seen
     if waiter.result is None:
         return Outcome(None, timed_out=waiter.remaining(now) <= 0)

@@ -11,15 +11,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainflow.core.errors import RuntimeNotFound
+from trainflow.core.naming import GROUP, TRAINER_CONTAINER
 from trainflow.core.schema import SAFE_LOADER
 
-GROUP = "trainer.kubeflow.org"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
 FRAMEWORK_LABEL = f"{GROUP}/framework"
 SUPPORT_LABEL = f"{GROUP}/support"
 ANCESTOR_LABEL = f"{GROUP}/trainjob-ancestor-step"
-TRAINER_CONTAINER = "node"
 
 # Env names the Trainer sets itself and refuses in spec.trainer.env, by ML policy: exact names, as in
 # Trainer v2.3.0's TorchRunReservedEnvNames, MPIReservedEnvNames and XGBoostReservedEnvNames. Other

@@ -56,3 +56,19 @@ with DAG("tf_e2e_cluster_fail", schedule=None, start_date=START):
         execution_timeout=timedelta(seconds=150),
         retries=0,
     )
+
+# The retry scenarios (tests/e2e/test_retry_scenarios.py): the whole request comes from the run's conf.
+with DAG(
+    "tf_e2e_scenario",
+    schedule=None,
+    start_date=START,
+    params={"request": {}},
+    render_template_as_native_obj=True,
+):
+    TrainJobOperator(
+        task_id="train",
+        request="{{ params.request }}",
+        deferrable=False,
+        retries=0,
+        execution_timeout=timedelta(seconds=600),
+    )

@@ -212,11 +212,11 @@ class TrainJobOperator(TrainJobBaseOperator):
         name, namespace = event.get("name", ""), event.get("namespace", "")
         self._trainjob_ref = {"name": name, "namespace": namespace}
         if status == "success":
-            result = TrainJobResult.model_validate(event["result"])
+            result = TrainJobResult.from_dict(event["result"])
             return self._finish(self.get_backend(), result)
         if status == "failed":
             if event.get("result"):
-                self._after_end(self.get_backend(), TrainJobResult.model_validate(event["result"]))
+                self._after_end(self.get_backend(), TrainJobResult.from_dict(event["result"]))
             raise AirflowException(event.get("message") or f"TrainJob {namespace}/{name} failed")
         if status == "timeout":
             self._on_timeout(self._ref(name, namespace))

@@ -5,8 +5,8 @@ Every TrainJobRequest field is an operator argument of the same name, except whe
 ``idempotency_key``, which the operator derives from the task instance.
 
 ``REQUEST_FIELDS`` copies ``TrainJobRequest.model_fields`` so that importing an operator in a DAG file does
-not build the pydantic model (about 25 ms per parse); tests/airflow/test_airflow_parity.py fails when the two
-differ, and checks the operator signature, template fields and parameter reference against it.
+not build the pydantic model at every parse (docs/benchmarks.md, DAG parse); tests/unit/test_structure.py fails
+when the two differ, and checks the operator signature and template fields against it.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from trainflow.core.kube import retry
 from trainflow.core.kube.apierrors import translate
 from trainflow.core.kube.client import PLURAL
-from trainflow.core.runtimes import GROUP, VERSION
+from trainflow.core.naming import GROUP, VERSION
 
 T = TypeVar("T")
 WATCH_SLACK = 30.0

@@ -16,6 +16,7 @@ from trainflow.core.errors import (
     PermissionDenied,
     TrainflowError,
     TrainJobNotFound,
+    Transient,
     Unauthorized,
 )
 from trainflow.core.kube.retry import is_connection_error, status_of
@@ -167,7 +168,7 @@ def translate(
     if status is None or status == 0:  # 0: kubernetes_asyncio's wrapper for a transport failure
         if verb == "create":
             return OutcomeUnknown(f"create {target}{where}: the answer was lost ({exc!r})")
-        return BackendError(f"{verb} {target}{where}: the API server could not be reached ({exc!r})")
+        return Transient(f"{verb} {target}{where}: the API server could not be reached ({exc!r})")
     if status == 404:
         if resource == "trainjobs" and name:
             return TrainJobNotFound(namespace or "", name)
@@ -185,4 +186,6 @@ def translate(
         return Gone(f"{verb} {target}{where}: {server_message(exc)}")
     if status == 401:
         return Unauthorized(f"unauthorized: the API server rejected the credentials: {server_message(exc)}")
+    if status == 429 or status >= 500:
+        return Transient(f"{verb} {target}{where} failed: HTTP {status}: {server_message(exc)}")
     return BackendError(f"{verb} {target}{where} failed: HTTP {status}: {server_message(exc)}")

@@ -11,9 +11,8 @@ import contextlib
 import random
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainflow.core import lifecycle
 from trainflow.core.errors import (
     AlreadyExists,
     Diagnostics,
@@ -32,9 +31,15 @@ from trainflow.core.kube.plan import Plan, arun, run
 from trainflow.core.kube.shared_watch import registry
 from trainflow.core.kube.watch import WATCH_WINDOW, WatchStats, watch_until
 from trainflow.core.observe import UpdateCallback, Waiter, observe, resolve_deadline
-from trainflow.core.request import TrainJobRequest
 from trainflow.core.result import JobRef, JobState, TrainJobResult, result_from_trainjob
-from trainflow.core.runtimes import Runtime
+
+if TYPE_CHECKING:
+    from trainflow.core.request import TrainJobRequest
+    from trainflow.core.runtimes import Runtime
+
+RUNTIME_TTL = (
+    300.0  # the Trainer reads a runtime when it creates a job; a read this old is still the one used
+)
 
 
 def _selector(labels: Mapping[str, str] | None) -> str | None:
@@ -51,7 +56,7 @@ def finish(obj: Mapping[str, Any], raise_on_failure: bool, log_tail_lines: int) 
         )
         if metrics or progress is not None:
             update = {"metrics": metrics, "progress": progress if progress is not None else result.progress}
-            result = result.model_copy(update=update)
+            result = result.replace(**update)
     if result.state is JobState.FAILED and raise_on_failure:
         diag = yield from diagnostics.collect(result.namespace, result.name)
         raise TrainJobFailed(result, diag)
@@ -102,6 +107,7 @@ class KubernetesBackend:
         self.submit_timeout = submit_timeout
         self.log_tail_lines = log_tail_lines
         self.last_wait_stats: WatchStats | None = None
+        self._runtimes: dict[tuple[str, str, str], tuple[float, Runtime]] = {}
 
     def close(self) -> None:
         self.api.close()
@@ -120,6 +126,8 @@ class KubernetesBackend:
 
     # --- runtimes -------------------------------------------------------------------------------------
     def runtimes(self) -> list[Runtime]:
+        from trainflow.core.runtimes import Runtime
+
         objs = self.api.list_cluster_runtimes()
         # no permission, or no namespaced-runtime CRD: cluster runtimes only
         with contextlib.suppress(PermissionDenied, NotFound):
@@ -129,14 +137,23 @@ class KubernetesBackend:
     def get_runtime(
         self, name: str, kind: str = "ClusterTrainingRuntime", namespace: str | None = None
     ) -> Runtime:
+        """One runtime; read once per ``RUNTIME_TTL`` seconds (a launch and its log follower share the read)."""
+        from trainflow.core.runtimes import Runtime
+
+        key = (name, kind, namespace or self.namespace)
+        cached = self._runtimes.get(key)
+        if cached is not None and time.monotonic() - cached[0] < RUNTIME_TTL:
+            return cached[1]
         try:
-            return Runtime.from_object(self.api.get_runtime(name, kind, namespace or self.namespace))
+            runtime = Runtime.from_object(self.api.get_runtime(name, kind, key[2]))
         except NotFound:
             try:
                 available = [r.name for r in self.runtimes() if r.kind == kind]
             except Exception:
                 available = []
             raise RuntimeNotFound(name, kind, available) from None
+        self._runtimes[key] = (time.monotonic(), runtime)
+        return runtime
 
     # --- launch primitives ----------------------------------------------------------------------------
     def find(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -164,9 +181,13 @@ class KubernetesBackend:
         return str((manifest.get("metadata") or {}).get("namespace") or self.namespace)
 
     def submit(self, request: TrainJobRequest | Mapping[str, Any], *, dry_run: bool = False) -> JobRef:
+        from trainflow.core import lifecycle  # the request side loads on first submit, not for a waiter
+
         return lifecycle.launch(self, request, dry_run=dry_run).ref
 
     def render(self, request: TrainJobRequest | Mapping[str, Any], *, attempt: int = 1) -> dict[str, Any]:
+        from trainflow.core import lifecycle
+
         return lifecycle.render(self, request, attempt=attempt)
 
     # --- reads ----------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from trainflow.core.kube import retry
 from trainflow.core.kube.apierrors import translate
 from trainflow.core.kube.config import ClusterConfig
-from trainflow.core.runtimes import GROUP, VERSION
+from trainflow.core.naming import GROUP, VERSION
 
 PLURAL = "trainjobs"
 CLUSTER_RUNTIMES = "clustertrainingruntimes"

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainflow.core.errors import BackendError, InvalidRequest, NotFound
 from trainflow.core.kube import retry
@@ -20,7 +20,10 @@ from trainflow.core.kube.diagnostics import (
     REPLICATED_JOB_LABEL,
     newest,
 )
-from trainflow.core.runtimes import TRAINER_CONTAINER, Runtime
+from trainflow.core.naming import TRAINER_CONTAINER
+
+if TYPE_CHECKING:
+    from trainflow.core.runtimes import Runtime
 
 log = logging.getLogger(__name__)
 

@@ -11,17 +11,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import json
 import logging
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainflow.core.errors import BackendError, TrainJobNotFound, Unauthorized
+from trainflow.core.errors import BackendError, TrainJobNotFound, Transient, Unauthorized
 from trainflow.core.kube import retry
 from trainflow.core.kube.aio import AsyncKubeApi
 from trainflow.core.kube.apierrors import Gone
+from trainflow.core.kube.watch import parse_event
 
 log = logging.getLogger(__name__)
 
@@ -136,21 +136,17 @@ class NamespaceWatch:
                 buf += chunk
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
-                    if not line.strip():
+                    event = parse_event(line, f"TrainJobs in {self.namespace!r}")
+                    if event is None:
                         continue
-                    event = json.loads(line)
-                    kind, item = event.get("type"), event.get("object") or {}
-                    if kind == "ERROR":
-                        if item.get("code") == 410:
-                            return None
-                        raise BackendError(
-                            f"TrainJob watch in {self.namespace!r} failed: {item.get('message')}"
-                        )
+                    kind, item = event
                     rv = str((item.get("metadata") or {}).get("resourceVersion") or rv)
                     if kind != "BOOKMARK":
                         self.stats.events += 1
-                        self._apply(str(kind), item)
+                        self._apply(kind, item)
             return rv
+        except Gone:  # an ERROR 410 event inside the stream
+            return None
         finally:
             resp.release()
 
@@ -196,6 +192,11 @@ class NamespaceWatch:
                 raise
             except Unauthorized:
                 return "reauth"
+            except Transient as exc:  # away longer than one call's retries: keep the waiters, keep trying
+                failures += 1
+                self.stats.reconnects += 1
+                log.warning("shared TrainJob watch %s: %s; trying again", self.key, exc)
+                await asyncio.sleep(retry.backoff(min(failures, 6)))
             except BackendError as exc:
                 log.warning("shared TrainJob watch %s stopped: %s", self.key, exc)
                 self._fail_all(exc)

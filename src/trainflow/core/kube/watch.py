@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trainflow.core.errors import BackendError, TrainJobNotFound
+from trainflow.core.errors import BackendError, TrainJobNotFound, Transient
 from trainflow.core.kube import retry
 from trainflow.core.kube.apierrors import Gone
 from trainflow.core.kube.client import KubeApi, iter_lines
@@ -38,18 +38,27 @@ def name_selector(name: str) -> str:
     return f"metadata.name={name}"
 
 
+def parse_event(raw: bytes, where: str) -> tuple[str, dict[str, Any]] | None:
+    """(type, object) of one watch event line (None for a blank line); ERROR events raise Gone or BackendError.
+
+    Both watches read events with this: the sync one of one TrainJob and the shared one of a namespace.
+    """
+    if not raw.strip():
+        return None
+    event = json.loads(raw)
+    kind, item = str(event.get("type")), event.get("object") or {}
+    if kind == "ERROR":
+        if item.get("code") == 410:
+            raise Gone(str(item.get("message")))
+        raise BackendError(f"watch of {where} failed: {item.get('message')}")
+    return kind, item
+
+
 def _events(resp: Any, namespace: str, name: str) -> Any:
-    """(type, object) of each event line; ERROR events become Gone or BackendError."""
     for raw in iter_lines(resp):
-        if not raw.strip():
-            continue
-        event = json.loads(raw)
-        kind, item = event.get("type"), event.get("object") or {}
-        if kind == "ERROR":
-            if item.get("code") == 410:
-                raise Gone(str(item.get("message")))
-            raise BackendError(f"watch of TrainJob {namespace}/{name} failed: {item.get('message')}")
-        yield kind, item
+        event = parse_event(raw, f"TrainJob {namespace}/{name}")
+        if event is not None:
+            yield event
 
 
 def watch_until(
@@ -65,7 +74,8 @@ def watch_until(
     """Feed every version of the TrainJob to ``feed`` (and None after each quiet window) until it returns True.
 
     ``window()`` says how long the next watch request may stay quiet. Raises TrainJobNotFound when the job
-    does not exist or is deleted. ``resource_version`` starts from a known (possibly stale) version.
+    does not exist or is deleted. ``resource_version`` starts from a known (possibly stale) version. Drops and
+    a server that stays away (``Transient``) are retried with backoff for as long as ``feed`` wants to wait.
     """
     stats = stats or WatchStats()
     rv = resource_version
@@ -74,7 +84,16 @@ def watch_until(
         if rv is None:
             if gone_streak > 1:  # a server that keeps answering 410: do not spin
                 time.sleep(min(retry.backoff(gone_streak), window()))
-            listed = api.list_trainjobs(namespace, field_selector=name_selector(name))
+            try:
+                listed = api.list_trainjobs(namespace, field_selector=name_selector(name))
+            except Transient as exc:  # the server is away longer than one call's retries: keep waiting
+                drops += 1
+                stats.reconnects += 1
+                log.warning("listing TrainJob %s/%s: %s; trying again", namespace, name, exc)
+                time.sleep(min(retry.backoff(drops), window()))
+                if feed(None):
+                    return
+                continue
             stats.lists += 1
             items = listed.get("items") or []
             if not items:
@@ -123,8 +142,6 @@ def watch_until(
                 raise
             drops += 1
             stats.reconnects += 1
-            if drops > retry.DEFAULT_POLICY.attempts:
-                raise BackendError(f"watch of TrainJob {namespace}/{name} keeps dropping: {exc!r}") from exc
             log.debug("watch of %s/%s dropped (%r); reconnecting from %s", namespace, name, exc, rv)
             time.sleep(min(retry.backoff(drops), window()))
         finally:
