@@ -79,12 +79,15 @@ test-k8s37: setup
 	$(K8S37_VENV)/bin/pytest $(PYTEST_FLAGS) -p no:cacheprovider tests/unit/test_kube_*.py tests/unit/test_result.py \
 	  tests/unit/test_validation.py tests/unit/test_manifest_golden.py tests/unit/test_crd_cel_rules.py
 
-# End-to-end: two pytest runs, because each suite's test modules import helpers from their own conftest.
+# End-to-end: one pytest run per suite, because each suite's test modules import helpers from their own
+# conftest. The differential suite compares with the Kubeflow SDK, so it adds the bench extra first.
 # A real control plane (etcd, kube-apiserver, controllers, kwok, JobSet, Trainer) on loopback.
 e2e: setup
 	@set -e; trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh; \
 	  $(RUN) pytest -m e2e tests/e2e $(PYTEST_FLAGS); \
-	  $(RUN) pytest -m e2e tests/reliability $(PYTEST_FLAGS)
+	  $(RUN) pytest -m e2e tests/reliability $(PYTEST_FLAGS); \
+	  $(UV) sync --frozen --extra dev --extra bench -p 3.11 --quiet; \
+	  $(RUN) --extra bench pytest -m e2e tests/differential $(PYTEST_FLAGS)
 
 # The long reliability runs (50,000 dry-run cases, 500-job load) on their own testbed.
 reliability-long: setup

@@ -42,7 +42,12 @@ def _backend(ctx: click.Context) -> Backend:
         for key in ("kubeconfig", "context"):
             if opts[key]:
                 config[key] = opts[key]
-    return get_backend(opts["backend"], **config)
+    backend = get_backend(opts["backend"], **config)
+    if opts["backend"] != "local":  # a command line fails at once on an unreachable server, not after retries
+        from trainflow.core.kube.config import check_reachable
+
+        check_reachable(backend.cluster)  # type: ignore[attr-defined]
+    return backend
 
 
 def _emit(data: Any, fmt: str) -> None:

@@ -44,6 +44,29 @@ class Resources(BaseModel):
     limits: dict[str, str | int | float] | None = None
     claims: list[dict[str, Any]] | None = None
 
+    def requirements(self) -> dict[str, Any] | None:
+        """The ``resourcesPerNode`` ResourceRequirements: shorthand cpu/memory/gpu set requests and limits."""
+        requests = {k: str(v) for k, v in (self.requests or {}).items()}
+        limits = {k: str(v) for k, v in (self.limits or {}).items()}
+        shorthand: dict[str, str] = {}
+        if self.cpu is not None:
+            shorthand["cpu"] = str(self.cpu)
+        if self.memory is not None:
+            shorthand["memory"] = self.memory
+        if self.gpu:
+            shorthand[self.gpu_resource] = str(self.gpu)
+        for key, value in shorthand.items():
+            requests.setdefault(key, value)
+            limits.setdefault(key, value)
+        out: dict[str, Any] = {}
+        if requests:
+            out["requests"] = requests
+        if limits:
+            out["limits"] = limits
+        if self.claims:
+            out["claims"] = [dict(c) for c in self.claims]
+        return out or None
+
 
 class PvcVolume(BaseModel):
     """A PersistentVolumeClaim mounted into every trainer node."""
@@ -55,6 +78,26 @@ class PvcVolume(BaseModel):
     name: str | None = None
     read_only: bool = False
     sub_path: str | None = None
+
+
+InitializerOption = str | int | list[str]
+_INITIALIZER_KEYS = "ACCESS_TOKEN (hf); ACCESS_KEY_ID, SECRET_ACCESS_KEY, ENDPOINT, REGION, ROLE_ARN (s3)"
+
+
+def _initializer_options(step: str) -> Any:
+    return Field(
+        default_factory=dict,
+        description=f"Settings of the {step} initializer, named as in the Kubeflow SDK: "
+        "ignore_patterns (hf, s3), endpoint, region, role_arn (s3)",
+    )
+
+
+def _initializer_secret_env(step: str) -> Any:
+    return Field(
+        default_factory=dict,
+        description=f"Credentials of the {step} initializer from Secret keys: NAME -> 'secret/key', "
+        "NAME one of access_token (hf), access_key_id, secret_access_key, endpoint, region, role_arn (s3)",
+    )
 
 
 def _parse_secret(value: Any) -> Any:
@@ -103,6 +146,15 @@ class TrainJobRequest(BaseModel):
     function_kwargs: dict[str, JsonValue] = Field(
         default_factory=dict, description="JSON keyword arguments of the function trainer"
     )
+    packages_to_install: list[str] = Field(
+        default_factory=list,
+        description="pip requirements installed on each node before the function runs (as the Kubeflow SDK)",
+    )
+    pip_index_urls: list[str] = Field(
+        default_factory=list,
+        description="Package indexes for packages_to_install: the first is --index-url, the others "
+        "--extra-index-url (default: the image's pip configuration)",
+    )
 
     num_nodes: int | None = Field(default=None, description="Number of training nodes (pods)")
     proc_per_node: int | Literal["auto"] | None = Field(
@@ -124,14 +176,23 @@ class TrainJobRequest(BaseModel):
     )
 
     dataset_uri: str | None = Field(
-        default=None, description="Dataset for the dataset initializer (hf://, s3://)"
+        default=None, description="Dataset for the dataset initializer (hf://, s3://, cache://)"
     )
     dataset_secret: str | None = Field(
-        default=None, description="Secret with the dataset initializer's credentials"
+        default=None,
+        description=f"Secret whose keys become the dataset initializer's env: {_INITIALIZER_KEYS}",
+    )
+    dataset_options: dict[str, InitializerOption] = _initializer_options("dataset")
+    dataset_secret_env: dict[str, Annotated[SecretKeyRef, BeforeValidator(_parse_secret)]] = (
+        _initializer_secret_env("dataset")
     )
     model_uri: str | None = Field(default=None, description="Model for the model initializer (hf://, s3://)")
     model_secret: str | None = Field(
-        default=None, description="Secret with the model initializer's credentials"
+        default=None, description=f"Secret whose keys become the model initializer's env: {_INITIALIZER_KEYS}"
+    )
+    model_options: dict[str, InitializerOption] = _initializer_options("model")
+    model_secret_env: dict[str, Annotated[SecretKeyRef, BeforeValidator(_parse_secret)]] = (
+        _initializer_secret_env("model")
     )
     output_uri: str | None = Field(
         default=None,

@@ -247,6 +247,35 @@ async def _load_async(cluster: ClusterConfig) -> Any:
     return cfg
 
 
+def check_reachable(cluster: ClusterConfig, timeout: float = 5.0) -> None:
+    """Fail fast, naming the server, when nothing answers there: one GET /version, no retries.
+
+    Any HTTP answer (even 401/403) counts as reachable; credentials are checked by the calls that follow.
+    """
+    from kubernetes import client as k8s_client
+
+    api = k8s_client.ApiClient(configuration=cluster.sync_configuration())
+    try:  # a (connect, read) tuple: the client ignores a float timeout
+        k8s_client.VersionApi(api).get_code(_request_timeout=(timeout, timeout))
+        return
+    except k8s_client.ApiException as exc:
+        if exc.status:  # an HTTP answer
+            return
+        failure: Exception = exc  # status 0: the client's wrapping of a TLS failure
+        reason: object = exc.reason
+    except Exception as exc:  # urllib3 connection, timeout and TLS errors
+        failure, reason = exc, getattr(exc, "reason", None) or exc
+    finally:
+        api.close()
+    where = "in-cluster config" if cluster.in_cluster else f"context {cluster.context or '(none)'}"
+    kind = "" if isinstance(reason, str) else f"{type(reason).__name__}: "
+    raise BackendError(
+        f"cannot reach the Kubernetes API server at {cluster.server} ({where}): "
+        f"{kind}{' '.join(str(reason).split())[:200]}; "
+        "check that the cluster is up and that KUBECONFIG / the context point at it"
+    ) from failure
+
+
 def bearer_keys(api_key: Mapping[str, str] | None) -> dict[str, str]:
     """The token under both names clients use: kubernetes 30 says 'authorization', 37 and asyncio 'BearerToken'."""
     keys = dict(api_key or {})
