@@ -47,7 +47,9 @@ def _wheel(folder: Path) -> Path:
 def node(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """PATH and HOME of a fresh 'image': a virtualenv without pip (the step bootstraps it), a local index."""
     root = tmp_path_factory.mktemp("image")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=300
+    )
     project = root / "simple" / PACKAGE.replace("_", "-")
     project.mkdir(parents=True)
     wheel = _wheel(project)
