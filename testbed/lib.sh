@@ -24,7 +24,8 @@ export CGO_ENABLED=0
 testbed_key() {
   {
     cat "$TESTBED_SRC/versions.env"
-    cat "$TESTBED_SRC"/go/*/go.mod "$TESTBED_SRC"/go/*/go.sum
+    # The control plane's modules only (go/node is the pods mode's, keyed by pods_key).
+    cat "$TESTBED_SRC"/go/{controllers,k8s}/go.mod "$TESTBED_SRC"/go/{controllers,k8s}/go.sum
     go env GOVERSION GOOS GOARCH
   } | sha256sum | cut -c1-16
 }
