@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -82,7 +83,7 @@ def in_netns(net: Net, argv: list[str]) -> list[str]:
 # --------------------------------------------------------------------------- host preparation
 
 
-def preflight(tb: Any, net: Net) -> None:
+def preflight(tb: Any, L: Any, net: Net) -> None:
     """Refuse early, naming the fix, when this machine cannot host the node."""
     problems = []
     if os.geteuid() != 0:
@@ -95,6 +96,8 @@ def preflight(tb: Any, net: Net) -> None:
             problems.append(f"{binary} not found (testbed/node/build.sh installs the Debian packages)")
     if _run("ip", "netns", "pids", net.netns, check=False).returncode == 0:
         problems.append(f"network namespace {net.netns} exists: run testbed/down.sh for this instance first")
+    if _mounts_under([L.dir]):
+        problems.append(f"mounts left under {L.dir}: run testbed/down.sh for this instance first")
     if _run("ip", "link", "show", net.host_if, check=False).returncode == 0:
         problems.append(f"interface {net.host_if} exists: run testbed/down.sh for this instance first")
     routes = _run("ip", "-4", "route", "show", check=False).stdout
@@ -133,7 +136,11 @@ def make_network(net: Net) -> None:
 
 
 def prepare(tb: Any, L: Any, net: Net) -> None:
-    preflight(tb, net)
+    preflight(tb, L, net)
+    # Fresh node state each up; containerd's root (content, snapshots: the images) is kept.
+    for d in (L.dir / "node", L.dir / "containerd" / "state"):
+        if d.exists():
+            shutil.rmtree(d)
     (L.dir / "node-sysctls-before.json").write_text(json.dumps(read_sysctls()))
     make_cgroups(net)
     make_network(net)
@@ -234,18 +241,14 @@ def restore_sysctls(L: Any) -> None:
     f.unlink()
 
 
-def stop_node(tb: Any, L: Any, net: Net) -> None:
-    """Stop the node: kubelet first (no restarts), then every container, containerd and its shims."""
-    for name in ("coredns", "kube-proxy", "kubelet"):
-        _stop(tb, L, name)
-    kill_containers(net)
-    _stop(tb, L, "containerd")
+def kill_shims(L: Any) -> None:
     for pid in _shim_pids(L):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
 
 
-def _stop(tb: Any, L: Any, name: str, timeout: float = 15.0) -> None:
+def stop(tb: Any, L: Any, name: str, timeout: float = 15.0) -> None:
+    """SIGTERM one component's process group, SIGKILL after ``timeout``."""
     pid = tb.pid_of(L, name)
     if pid and tb.running(L, name):
         tb.log(f"stopping {name} (pid {pid})")
@@ -264,9 +267,7 @@ def _stop(tb: Any, L: Any, name: str, timeout: float = 15.0) -> None:
 def cleanup_host(L: Any, net: Net) -> None:
     """Undo every host change of the node (after all its processes are gone)."""
     kill_containers(net, timeout=5)
-    for pid in _shim_pids(L):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+    kill_shims(L)
     unmount_all(L, net)
     _run("ip", "netns", "del", net.netns, check=False)
     _run("ip", "link", "del", net.host_if, check=False)

@@ -39,7 +39,14 @@ def prepare(tb: Any, L: Any) -> None:
 
 def down(tb: Any, L: Any) -> None:
     net = net_of(L)
-    node.stop_node(tb, L, net)
+    for name in ("coredns", "kube-proxy", "kubelet"):  # no more restarts, then no containers
+        node.stop(tb, L, name)
+    node.kill_containers(net)
+    nb = node_bin(L)
+    if nb is not None and tb.running(L, "containerd"):
+        trainer.remove_containers(L, nb)
+    node.stop(tb, L, "containerd")
+    node.kill_shims(L)
     tb.stop_all(L)
     node.cleanup_host(L, net)
     left = {k: v for k, v in node.leftovers(L, net).items() if v}
@@ -48,11 +55,16 @@ def down(tb: Any, L: Any) -> None:
     L.mode_file.unlink()
 
 
+def node_bin(L: Any) -> Path | None:
+    f = L.dir / "node-bin.json"
+    return Path(json.loads(f.read_text())["node_bin"]) if f.exists() else None
+
+
 def state(L: Any) -> dict[str, Any]:
     net = net_of(L)
     return {
         "node": {**node.describe(net), "cluster_dns": net.node_ip},
-        "node_bin": json.loads((L.dir / "node-bin.json").read_text())["node_bin"],
+        "node_bin": str(node_bin(L)),
         "containerd_socket": str(containerd_sock(L)),
         "images": json.loads((L.dir / "images.json").read_text()),
         "trainer_namespace": trainer.NAMESPACE,

@@ -29,13 +29,20 @@ CONTROLLER_IMAGE = "ghcr.io/kubeflow/trainer/trainer-controller-manager"
 IMAGES_ENV = "TRAINFLOW_TESTBED_IMAGES"
 
 
-def _archive_names(path: Path) -> list[str]:
+def _archive_index(path: Path) -> tuple[list[str], list[str]]:
+    """Image names and manifest digests in an OCI archive's index.json."""
     with tarfile.open(path) as t:
-        member = t.extractfile("index.json")
-        if member is None:
-            return []
-        index = json.load(member)
-    return [m.get("annotations", {}).get("io.containerd.image.name", "?") for m in index.get("manifests", [])]
+        for member in t:
+            if member.name.removeprefix("./") == "index.json":
+                f = t.extractfile(member)
+                assert f is not None
+                index = json.load(f)
+                break
+        else:
+            raise FileNotFoundError(f"{path}: no index.json (not an OCI archive)")
+    manifests = index.get("manifests", [])
+    names = [m.get("annotations", {}).get("io.containerd.image.name", "?") for m in manifests]
+    return names, [m["digest"] for m in manifests]
 
 
 def image_archives(L: Any, nb: Path, version: str) -> list[Path]:
@@ -62,41 +69,57 @@ def image_archives(L: Any, nb: Path, version: str) -> list[Path]:
     return archives
 
 
-def import_images(tb: Any, L: Any, nb: Path) -> list[dict[str, Any]]:
+def _ctr(L: Any, nb: Path, *args: str) -> subprocess.CompletedProcess[str]:
     sock = L.dir / "containerd" / "containerd.sock"
-    trainer_version = _trainer_version(L)
+    argv = [str(nb / "ctr"), "--address", str(sock), "--namespace", "k8s.io", *args]
+    return subprocess.run(argv, capture_output=True, text=True)
+
+
+def _present(L: Any, nb: Path) -> dict[str, str]:
+    """Image name -> manifest digest already in containerd (its root outlives down, as a node's images do)."""
+    out = {}
+    for line in _ctr(L, nb, "images", "ls").stdout.splitlines()[1:]:
+        cols = line.split()
+        if len(cols) >= 3:
+            out[cols[0]] = cols[2]
+    return out
+
+
+def import_images(tb: Any, L: Any, nb: Path) -> list[dict[str, Any]]:
+    """Import every archive whose images containerd does not hold at the same digest yet."""
+    present = _present(L, nb)
     done = []
-    for archive in image_archives(L, nb, trainer_version):
+    for archive in image_archives(L, nb, _trainer_version(L)):
         t0 = time.time()
-        r = subprocess.run(
-            [
-                str(nb / "ctr"),
-                "--address",
-                str(sock),
-                "--namespace",
-                "k8s.io",
-                "images",
-                "import",
-                str(archive),
-            ],
-            capture_output=True,
-            text=True,
-        )
-        if r.returncode != 0:
-            raise tb.TestbedError(f"ctr images import {archive} failed: {r.stderr.strip()}")
-        names = _archive_names(archive)
+        names, digests = _archive_index(archive)
+        size = archive.stat().st_size
+        cached = all(present.get(n) == d for n, d in zip(names, digests, strict=True))
+        if not cached:
+            r = _ctr(L, nb, "images", "import", str(archive))
+            if r.returncode != 0:
+                raise tb.TestbedError(f"ctr images import {archive} failed: {r.stderr.strip()}")
+        seconds = round(time.time() - t0, 1)
         done.append(
             {
                 "names": names,
                 "archive": str(archive),
-                "bytes": archive.stat().st_size,
-                "import_seconds": round(time.time() - t0, 1),
+                "bytes": size,
+                "import_seconds": seconds,
+                "cached": cached,
             }
         )
-        tb.log(
-            f"imported {', '.join(names)} ({archive.stat().st_size / 2**20:.0f} MiB) in {time.time() - t0:.1f}s"
-        )
+        how = "already present" if cached else f"imported in {seconds}s"
+        tb.log(f"image {', '.join(names)} ({size / 2**20:.0f} MiB): {how}")
     return done
+
+
+def remove_containers(L: Any, nb: Path) -> None:
+    """Delete every task and container (pods' sandboxes too) so the next start finds only images."""
+    for task in _ctr(L, nb, "tasks", "ls", "-q").stdout.split():
+        _ctr(L, nb, "tasks", "rm", "-f", task)
+    ids = _ctr(L, nb, "containers", "ls", "-q").stdout.split()
+    if ids:
+        _ctr(L, nb, "containers", "rm", *ids)
 
 
 def _trainer_version(L: Any) -> str:
