@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 IDENTITY_LABELS = (KEY_LABEL, MANAGED_BY_LABEL)
 CREATE_ATTEMPTS = 3
+POD_CHECK_SECONDS = 5.0  # how often pods are looked at while some are not ready (crash exit codes, log tails)
 
 
 def _selector(labels: Mapping[str, str] | None) -> str | None:
@@ -49,7 +50,9 @@ class KubernetesBackend:
 
     Config: ``kubeconfig``, ``context``, ``in_cluster``, ``config_dict`` (inline kubeconfig), ``namespace``;
     ``submit_timeout``: how long a job may stay without JobSet/pods before creation-failure events are
-    reported; ``log_tail_lines``: how much of rank 0's log is scanned for metrics at completion.
+    reported; ``pod_stuck_timeout``: how long a pod may stay unschedulable or unable to start its containers
+    (image pull failure, missing config) before ``wait`` raises TrainJobFailed (the TrainJob is left as it
+    is); ``log_tail_lines``: how much of rank 0's log is scanned for metrics at completion.
     """
 
     name = "kubernetes"
@@ -63,6 +66,7 @@ class KubernetesBackend:
         config_dict: Mapping[str, Any] | None = None,
         namespace: str | None = None,
         submit_timeout: float = 300.0,
+        pod_stuck_timeout: float = 120.0,
         log_tail_lines: int = 200,
         retry_policy: retry.RetryPolicy = retry.DEFAULT_POLICY,
     ) -> None:
@@ -77,6 +81,7 @@ class KubernetesBackend:
         self.api_client = new_api_client(self.cluster)
         self.api = KubeApi(self.api_client, retry_policy)
         self.submit_timeout = submit_timeout
+        self.pod_stuck_timeout = pod_stuck_timeout
         self.log_tail_lines = log_tail_lines
         self.last_wait_stats: WatchStats | None = None
 
@@ -284,6 +289,51 @@ class KubernetesBackend:
             return None
         return Diagnostics(events=diagnostics.event_lines(events, {name}))
 
+    @staticmethod
+    def _pods_not_ready(obj: dict[str, Any] | None) -> bool:
+        """A Created/Running job with a pod not ready (pending, pulling, crashed): no I/O."""
+        if obj is None or result_from_trainjob(obj).state not in (JobState.CREATED, JobState.RUNNING):
+            return False
+        jobs = (obj.get("status") or {}).get("jobsStatus") or []
+        return any(int(j.get("active") or 0) > int(j.get("ready") or 0) for j in jobs)
+
+    def _pods_check_due(self, obj: dict[str, Any], checked: list[float]) -> bool:
+        """Cheap, no I/O: pods not ready, unchecked for a second? A crash shows as a drop of the Trainer's ready
+        count (an event); the watch window shrinks to ``POD_CHECK_SECONDS`` while pods are not ready, since a
+        pod crash-looping before it was ever ready changes no TrainJob status."""
+        if not self._pods_not_ready(obj):
+            return False
+        now = time.time()
+        if checked and now - checked[0] < 1.0:
+            return False
+        checked[:] = [now]
+        return True
+
+    def _inspect_pods(self, obj: dict[str, Any], captured: list[Diagnostics]) -> TrainJobFailed | None:
+        """One pod list: TrainJobFailed when a pod has been unschedulable or unable to start its containers for
+        ``pod_stuck_timeout``; a crashed container's exit code and log tail are kept in ``captured`` now, while
+        the log exists (the Job deletes its pods before the TrainJob turns Failed)."""
+        meta = obj.get("metadata") or {}
+        ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        try:
+            pods = self.api.list_pods(ns, f"{diagnostics.JOBSET_NAME_LABEL}={name}")
+        except Exception:
+            return None
+        stuck = diagnostics.stuck_reason(pods, time.time(), self.pod_stuck_timeout)
+        if stuck is not None:
+            reason, detail = stuck
+            message = f"{detail} (for over {self.pod_stuck_timeout:.0f}s; the TrainJob was left as it is)"
+            failed = result_from_trainjob(obj).model_copy(
+                update={"state": JobState.FAILED, "reason": reason, "message": message}
+            )
+            return TrainJobFailed(failed, diagnostics.collect(self.api, ns, name))
+        if diagnostics.pod_problems(pods)[1] and not (captured and captured[0].log_tail):
+            captured[:] = [diagnostics.collect(self.api, ns, name)]
+        return None
+
+    def _window(self) -> float:
+        return max(5.0, min(300.0, min(self.submit_timeout, self.pod_stuck_timeout) / 4))
+
     def _timeout(
         self, ref: JobRef, obj: dict[str, Any] | None, waited: float, diag: Diagnostics | None
     ) -> WaitTimeout:
@@ -308,20 +358,33 @@ class KubernetesBackend:
         dl = resolve_deadline(timeout, deadline)
         observe = self._tracker(on_update)
         checked: list[float] = []
+        pods_checked: list[float] = []
         stuck: list[Diagnostics] = []
+        stuck_pods: list[TrainJobFailed] = []
+        captured: list[Diagnostics] = []
+        last: list[dict[str, Any]] = []  # the newest version seen, for the watch window
 
         def done(obj: dict[str, Any]) -> bool:
+            last[:] = [obj]
             if observe(obj).state.terminal:
                 return True
             diag = self._creation_stuck(obj, checked)
             if diag is not None:
                 stuck.append(diag)
                 return True
+            if self._pods_check_due(obj, pods_checked):
+                failure = self._inspect_pods(obj, captured)
+                if failure is not None:
+                    stuck_pods.append(failure)
+                    return True
             return False
 
         stats = WatchStats()
         self.last_wait_stats = stats
-        window = max(5.0, min(300.0, self.submit_timeout / 4))
+
+        def window() -> float:
+            return POD_CHECK_SECONDS if self._pods_not_ready(last[0] if last else None) else self._window()
+
         try:
             obj, finished = watch_until(
                 self.api,
@@ -337,12 +400,22 @@ class KubernetesBackend:
             raise
         except Exception as exc:
             raise reraise(exc, "watch", "trainjobs", r.namespace, r.name) from exc
+        if stuck_pods:
+            if raise_on_failure:
+                raise stuck_pods[0]
+            return stuck_pods[0].result  # type: ignore[no-any-return]
         if stuck or not finished:
             raise self._timeout(r, obj, time.time() - started, stuck[0] if stuck else None)
         assert obj is not None
-        return self.finish(obj, raise_on_failure=raise_on_failure)
+        return self.finish(obj, raise_on_failure=raise_on_failure, captured=captured)
 
-    def finish(self, obj: dict[str, Any], *, raise_on_failure: bool = True) -> TrainJobResult:
+    def finish(
+        self,
+        obj: dict[str, Any],
+        *,
+        raise_on_failure: bool = True,
+        captured: list[Diagnostics] | None = None,
+    ) -> TrainJobResult:
         """Terminal object -> result (metrics from rank 0's log if status has none); raise on Failed."""
         result = result_from_trainjob(obj)
         if result.state is JobState.COMPLETE and not result.metrics:
@@ -356,6 +429,9 @@ class KubernetesBackend:
                 )
         if result.state is JobState.FAILED:
             diag = diagnostics.collect(self.api, result.namespace, result.name)
+            if captured:  # what the pods showed while they existed
+                diag.failed_ranks = diag.failed_ranks or captured[0].failed_ranks
+                diag.log_tail = diag.log_tail or captured[0].log_tail
             if raise_on_failure:
                 raise TrainJobFailed(result, diag)
         return result
@@ -415,6 +491,8 @@ class KubernetesBackend:
         reg = registry()
         key = (self.cluster.server, r.namespace)
         checked: list[float] = []
+        pods_checked: list[float] = []
+        captured: list[Diagnostics] = []
         obj: dict[str, Any] | None = None
         async with reg.subscribe(key, lambda: async_configuration(self.cluster), r.name) as box:
             while True:
@@ -422,7 +500,8 @@ class KubernetesBackend:
                 if remaining is not None and remaining <= 0:
                     break
                 # jittered, so waiters started together (triggerer restart, fan-out) do not wake together
-                window = max(5.0, min(300.0, self.submit_timeout / 4)) * random.uniform(0.8, 1.2)
+                window = POD_CHECK_SECONDS if self._pods_not_ready(obj) else self._window()
+                window *= random.uniform(0.8, 1.2)
                 update = await reg.next_update(
                     key, box, window if remaining is None else min(window, remaining)
                 )
@@ -441,9 +520,15 @@ class KubernetesBackend:
                     )
                     if diag is not None:
                         raise self._timeout(r, obj, time.time() - started, diag)
+                if obj is not None and self._pods_check_due(obj, pods_checked):
+                    failure = await asyncio.to_thread(self._inspect_pods, obj, captured)
+                    if failure is not None:
+                        if raise_on_failure:
+                            raise failure
+                        return failure.result  # type: ignore[no-any-return]
         if obj is None or not result_from_trainjob(obj).state.terminal:
             raise await asyncio.to_thread(self._timeout, r, obj, time.time() - started, None)
-        return await asyncio.to_thread(self.finish, obj, raise_on_failure=raise_on_failure)
+        return await asyncio.to_thread(self.finish, obj, raise_on_failure=raise_on_failure, captured=captured)
 
     # --- logs, cancel, suspend ------------------------------------------------------------------------
     def logs(

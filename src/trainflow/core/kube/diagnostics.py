@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 from trainflow.core.errors import Diagnostics
@@ -24,6 +25,17 @@ WAITING_REASONS = frozenset(
         "CreateContainerError",
         "InvalidImageName",
         "RunContainerError",
+    }
+)
+# Waiting states a pod does not leave by itself: the kubelet retries a pull that cannot succeed, a config
+# that is missing. With Unschedulable they fail a wait after the backend's ``pod_stuck_timeout``.
+STUCK_WAITING_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
     }
 )
 MAX_TEXT = 300
@@ -93,6 +105,36 @@ def pod_problems(pods: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[dic
         if status.get("phase") == "Failed" and status.get("reason"):
             problems.append(f"pod {name}: {status['reason']}: {_short(status.get('message'))}")
     return problems[:MAX_LINES], failed[:MAX_LINES]
+
+
+def stuck_reason(pods: Iterable[Mapping[str, Any]], now: float, after: float) -> tuple[str, str] | None:
+    """(reason, detail) of the first pod older than ``after`` s that is unschedulable or cannot start its
+    containers (STUCK_WAITING_REASONS), else None."""
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        try:
+            created = datetime.fromisoformat(str(meta.get("creationTimestamp")).replace("Z", "+00:00"))
+        except ValueError:
+            continue
+        if now - created.timestamp() < after:
+            continue
+        name = str(meta.get("name", "?"))
+        status = pod.get("status") or {}
+        for cond in status.get("conditions") or []:
+            if (
+                cond.get("type") == "PodScheduled"
+                and str(cond.get("status")) == "False"
+                and cond.get("reason") == "Unschedulable"
+            ):
+                return "Unschedulable", f"pod {name} not scheduled: {_short(cond.get('message'))}"
+        for kind, cs in _statuses(pod):
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in STUCK_WAITING_REASONS:
+                return (
+                    str(waiting["reason"]),
+                    f"pod {name} {kind} {cs.get('name', '?')}: {_short(waiting.get('message'))}",
+                )
+    return None
 
 
 def event_lines(events: Iterable[Mapping[str, Any]], names: set[str] | None = None) -> list[str]:

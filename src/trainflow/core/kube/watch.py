@@ -51,14 +51,14 @@ def watch_until(
     *,
     deadline: float | None,
     done: Callable[[dict[str, Any]], bool],
-    window: float = WATCH_WINDOW,
+    window: float | Callable[[], float] = WATCH_WINDOW,
     resource_version: str | None = None,
     stats: WatchStats | None = None,
 ) -> tuple[dict[str, Any] | None, bool]:
     """Feed every version of the TrainJob to ``done`` until it returns True or the deadline passes.
 
     Returns (last object seen, finished). ``done`` is also called with the last object after each quiet
-    watch window, so time-based checks run without events. Raises TrainJobNotFound when the job does not
+    watch window (a number, or a function asked before each watch), so time-based checks run without events. Raises TrainJobNotFound when the job does not
     exist or is deleted. ``resource_version`` lets a caller start from a known (possibly stale) version.
     """
     stats = stats or WatchStats()
@@ -82,7 +82,7 @@ def watch_until(
         remaining = math.inf if deadline is None else deadline - time.time()
         if remaining <= 0:
             return obj, False
-        seconds = max(1, math.ceil(min(remaining, window)))
+        seconds = max(1, math.ceil(min(remaining, window() if callable(window) else window)))
         try:
             resp = api.watch_trainjobs(namespace, rv, seconds, field_selector=name_selector(name))
         except Exception as exc:
