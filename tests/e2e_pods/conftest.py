@@ -214,3 +214,33 @@ def record(name: str, data: dict[str, Any]) -> None:
 
 def poll(fn: Callable[[], Any], timeout: float, desc: str, interval: float = 1.0) -> Any:
     return wait_until(fn, timeout, desc, interval=interval)
+
+
+BACKOFF_RUNTIME = "torch-backoff-2"
+
+
+@pytest.fixture
+def backoff_runtime(k8s: Any, namespace: str) -> str:
+    """A namespaced TrainingRuntime like torch-distributed whose Job gives up after 2 retries (the default
+    allows 6: with the kubelet's 10-20-40-80-160 s restart back-off, minutes); returns its name."""
+    step = {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+    node = {"backoffLimit": 2, "template": {"spec": {"containers": [{"name": "node", "image": TORCH_IMAGE}]}}}
+    runtime = {
+        "apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}",
+        "kind": "TrainingRuntime",
+        "metadata": {"name": BACKOFF_RUNTIME, "labels": {"trainer.kubeflow.org/framework": "torch"}},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        {"name": "node", "template": {"metadata": {"labels": step}, "spec": node}}
+                    ]
+                }
+            },
+        },
+    }
+    k8s.custom.create_namespaced_custom_object(
+        TRAINER_GROUP, TRAINER_VERSION, namespace, "trainingruntimes", runtime
+    )
+    return BACKOFF_RUNTIME

@@ -98,7 +98,9 @@ def test_two_nodes_two_procs_train_write_the_model_and_report_through_the_status
     assert model.weight.detach().flatten().tolist() == pytest.approx([3.0, -2.0], abs=0.2)
 
     # report() -> status server -> status.trainerStatus (written by the Trainer, not by us) -> result
-    tj = k8s.custom.get_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, namespace, "trainjobs", ref.name)
+    tj = k8s.custom.get_namespaced_custom_object(
+        TRAINER_GROUP, TRAINER_VERSION, namespace, "trainjobs", ref.name
+    )
     trainer_status = tj["status"]["trainerStatus"]
     assert trainer_status["progressPercentage"] == 100, trainer_status
     posted = {m["name"]: float(m["value"]) for m in trainer_status["metrics"]}
