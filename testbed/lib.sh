@@ -35,7 +35,7 @@ testbed_key() {
 pods_key() {
   {
     cat "$TESTBED_SRC/versions.env" "$TESTBED_SRC/node/versions.env"
-    cat "$TESTBED_SRC/go/node/go.mod" "$TESTBED_SRC/go/node/go.sum"
+    cat "$TESTBED_SRC"/go/{node,coredns}/go.mod "$TESTBED_SRC"/go/{node,coredns}/go.sum "$TESTBED_SRC/go/coredns/main.go"
     go env GOVERSION GOOS GOARCH
   } | sha256sum | cut -c1-16
 }
