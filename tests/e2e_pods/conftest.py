@@ -223,24 +223,26 @@ BACKOFF_RUNTIME = "torch-backoff-2"
 def backoff_runtime(k8s: Any, namespace: str) -> str:
     """A namespaced TrainingRuntime like torch-distributed whose Job gives up after 2 retries (the default
     allows 6: with the kubelet's 10-20-40-80-160 s restart back-off, minutes); returns its name."""
-    step = {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
-    node = {"backoffLimit": 2, "template": {"spec": {"containers": [{"name": "node", "image": TORCH_IMAGE}]}}}
-    runtime = {
-        "apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}",
-        "kind": "TrainingRuntime",
-        "metadata": {"name": BACKOFF_RUNTIME, "labels": {"trainer.kubeflow.org/framework": "torch"}},
-        "spec": {
-            "mlPolicy": {"numNodes": 1, "torch": {}},
-            "template": {
-                "spec": {
-                    "replicatedJobs": [
-                        {"name": "node", "template": {"metadata": {"labels": step}, "spec": node}}
-                    ]
-                }
-            },
-        },
-    }
-    k8s.custom.create_namespaced_custom_object(
-        TRAINER_GROUP, TRAINER_VERSION, namespace, "trainingruntimes", runtime
-    )
-    return BACKOFF_RUNTIME
+    return _e2e.torch_training_runtime(k8s, namespace, BACKOFF_RUNTIME, 2)
+
+
+def sigterm_when_running(testbed: Any, k8s: Any, ns: str, proc: Any, group: bool) -> tuple[float, float]:
+    """Once a 2-node job runs (2 sandboxes + 2 trainer containers in the CRI), SIGTERM ``proc`` (its process
+    group if ``group``), wait for it to exit and for everything to be gone. Returns (SIGTERM to all gone,
+    time waited after the exit) in seconds; kills the group if it is still there."""
+    import signal
+
+    try:
+        poll(lambda: len(cri_containers(testbed, ns)) >= 4, 180, "2 pods' sandboxes and containers")
+        assert trainjobs(k8s, ns), "no TrainJob"
+        t0 = time.monotonic()
+        if group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+        gone = assert_all_gone(testbed, k8s, ns)
+        return time.monotonic() - t0, gone
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

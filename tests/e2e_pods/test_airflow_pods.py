@@ -9,9 +9,9 @@ subprocess, kubernetes backend from the connection, deferrable waits in the in-p
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,17 +21,17 @@ from typing import Any
 
 import pytest
 
-from conftest import (
-    TRAINER_GROUP,
-    TRAINER_VERSION,
-    assert_all_gone,
-    cri_containers,
-    poll,
-    record,
-    trainjobs,
-)
+from conftest import TRAINER_GROUP, TRAINER_VERSION, record, sigterm_when_running
 
 pytestmark = pytest.mark.e2e
+
+# run() and the Airflow environment of the kwok e2e suite
+_spec = importlib.util.spec_from_file_location(
+    "trainflow_e2e_airflow", Path(__file__).resolve().parents[1] / "e2e" / "test_airflow_cluster.py"
+)
+assert _spec is not None and _spec.loader is not None
+_af = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_af)
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -43,42 +43,21 @@ LOGICAL = "2026-03-05"
 
 def airflow_env(
     home: Path, testbed: Any, ns: str, dags: Path, extra_env: dict[str, str] | None = None
-) -> dict:
-    env = dict(os.environ)
-    env.pop("KUBECONFIG", None)  # the connection alone points at the cluster
+) -> dict[str, str]:
+    """The e2e suite's Airflow environment (the connection points at this cluster and namespace), these DAGs."""
     conn = {
         "backend": "kubernetes",
         "kubeconfig_path": str(testbed.kubeconfig),
         "context": testbed.context,
         "namespace": ns,
     }
-    env.update(
-        {
-            "AIRFLOW_HOME": str(home / "airflow"),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "TRAINFLOW_HOME": str(home / "trainflow"),
-            "AIRFLOW_CONN_KUBEFLOW_TRAINER_DEFAULT": json.dumps(
-                {"conn_type": "kubeflow_trainer", "extra": conn}
-            ),
-            "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-            "PYTHONUNBUFFERED": "1",
-            **(extra_env or {}),
-        }
-    )
+    env: dict[str, str] = _af.airflow_env(home, conn)
+    env["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags)
+    env.update(extra_env or {})
     return env
 
 
-def run(cmd: list[str], env: dict[str, str], timeout: float, log: Path) -> tuple[int, str]:
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise AssertionError(f"{cmd} timed out after {timeout}s:\n{log.read_text()[-6000:]}") from None
-    return rc, log.read_text()
+run = _af.run
 
 
 def summary(env: dict[str, str], dag_id: str, log: Path) -> dict[str, Any]:
@@ -178,19 +157,7 @@ def test_on_kill_deletes_the_trainjob_and_its_pods(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    try:
-        poll(lambda: len(cri_containers(testbed, namespace)) >= 4, 180, "2 pods' sandboxes and containers")
-        poll(lambda: trainjobs(k8s, namespace), 10, "the TrainJob")
-        t0 = time.monotonic()
-        os.kill(proc.pid, signal.SIGTERM)  # what a worker does to a task being killed
-        proc.wait(timeout=120)
-        gone = assert_all_gone(testbed, k8s, namespace)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    total, gone = sigterm_when_running(testbed, k8s, namespace, proc, group=False)  # as a worker does
     text = log.read_text()
     assert "deleted TrainJob" in text, text[-6000:]
-    record(
-        "airflow_on_kill",
-        {"sigterm_to_all_gone_s": round(time.monotonic() - t0, 1), "wait_s": round(gone, 1)},
-    )
+    record("airflow_on_kill", {"sigterm_to_all_gone_s": round(total, 1), "wait_s": round(gone, 1)})

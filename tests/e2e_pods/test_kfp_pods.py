@@ -6,8 +6,6 @@ a SIGTERM to the running step deletes the TrainJob and leaves no pod or containe
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -18,7 +16,7 @@ from typing import Any
 import pytest
 from kfp import local
 
-from conftest import TORCH_IMAGE, assert_all_gone, cri_containers, poll, record, trainjobs
+from conftest import TORCH_IMAGE, record, sigterm_when_running
 from trainflow.kfp import make_train_job_component
 
 pytestmark = pytest.mark.e2e
@@ -107,18 +105,7 @@ def test_sigterm_to_the_step_leaves_no_trainjob_pod_or_container(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    try:
-        poll(lambda: len(cri_containers(testbed, namespace)) >= 4, 180, "2 pods' sandboxes and containers")
-        assert trainjobs(k8s, namespace)
-        t0 = time.monotonic()
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=120)
-        gone = assert_all_gone(testbed, k8s, namespace)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    total, gone = sigterm_when_running(testbed, k8s, namespace, proc, group=True)
     text = log.read_text()
     assert "received signal 15" in text and "deleted" in text, text[-6000:]
-    record(
-        "kfp_sigterm", {"sigterm_to_all_gone_s": round(time.monotonic() - t0, 1), "wait_s": round(gone, 1)}
-    )
+    record("kfp_sigterm", {"sigterm_to_all_gone_s": round(total, 1), "wait_s": round(gone, 1)})
