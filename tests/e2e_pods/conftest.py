@@ -44,6 +44,9 @@ BIN = Path(sys.executable).parent
 # The image torch-distributed names (Trainer v2.3.0), imported into containerd by up.sh --pods.
 TORCH_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
 POD_NS_LABEL = "io.kubernetes.pod.namespace"
+# A trainer that runs until stopped and stops on SIGTERM, as a training loop should (a bare `sleep` ignores
+# SIGTERM as PID 1, so every pod would take its whole 30 s grace period to go).
+SLEEPER = ["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -186,13 +189,21 @@ def cli(testbed: Any, ns: str, *args: str) -> list[str]:
     ]
 
 
-@pytest.fixture
-def backend(testbed: Any, namespace: str) -> Any:
+def make_backend(testbed: Any, namespace: str, **config: Any) -> Any:
     from trainflow.core import get_backend
 
     return get_backend(
-        "kubernetes", kubeconfig=str(testbed.kubeconfig), context=testbed.context, namespace=namespace
+        "kubernetes",
+        kubeconfig=str(testbed.kubeconfig),
+        context=testbed.context,
+        namespace=namespace,
+        **config,
     )
+
+
+@pytest.fixture
+def backend(testbed: Any, namespace: str) -> Any:
+    return make_backend(testbed, namespace)
 
 
 def pod_logs(k8s: Any, ns: str, selector: str) -> dict[str, str]:

@@ -13,13 +13,20 @@ from typing import Any
 
 import pytest
 
-from conftest import TORCH_IMAGE, record
+from conftest import TORCH_IMAGE, make_backend, record
 from trainflow.core import JobState, TrainJobFailed, TrainJobRequest
 
 pytestmark = pytest.mark.e2e
 
-# Bounds: a failure must surface this fast (seconds from submit), on a loaded 2-core machine.
-BOUND = {"exit": 180, "oom": 180, "image": 180, "unschedulable": 180}
+# Bounds: a failure must surface this fast (seconds from submit), on a loaded 2-core machine. Pods that cannot
+# pull or be scheduled fail the wait after the backend's pod_stuck_timeout: 30 s here (default 120 s).
+BOUND = {"exit": 180, "oom": 180, "image": 100, "unschedulable": 100}
+STUCK_TIMEOUT = 30.0
+
+
+@pytest.fixture
+def stuck_backend(testbed: Any, namespace: str) -> Any:
+    return make_backend(testbed, namespace, pod_stuck_timeout=STUCK_TIMEOUT)
 
 
 def fail_fast(backend: Any, request: TrainJobRequest, bound: float) -> tuple[TrainJobFailed, float]:
@@ -72,27 +79,27 @@ def test_oom_killed_under_a_memory_limit(backend: Any, backoff_runtime: str) -> 
     record("failure_oom", {"seconds": round(elapsed, 1)})
 
 
-def test_image_not_on_the_node_is_a_pull_failure_not_a_hang(backend: Any) -> None:
+def test_image_not_on_the_node_is_a_pull_failure_not_a_hang(stuck_backend: Any) -> None:
     request = TrainJobRequest(
         runtime="torch-distributed",
         image="registry.invalid/trainflow/not-built-here:1.0",
         command=["python3", "-c", "print('never runs')"],
     )
-    err, elapsed = fail_fast(backend, request, BOUND["image"])
+    err, elapsed = fail_fast(stuck_backend, request, BOUND["image"])
     text = str(err)
     assert "ErrImagePull" in text or "ImagePullBackOff" in text, text
     assert "registry.invalid/trainflow/not-built-here:1.0" in text, text
     record("failure_image", {"seconds": round(elapsed, 1)})
 
 
-def test_resources_no_node_has_are_unschedulable(backend: Any) -> None:
+def test_resources_no_node_has_are_unschedulable(stuck_backend: Any) -> None:
     request = TrainJobRequest(
         runtime="torch-distributed",
         image=TORCH_IMAGE,
         command=["python3", "-c", "print('never runs')"],
         resources={"cpu": 64, "memory": "1Gi"},
     )
-    err, elapsed = fail_fast(backend, request, BOUND["unschedulable"])
+    err, elapsed = fail_fast(stuck_backend, request, BOUND["unschedulable"])
     text = str(err)
     assert "Unschedulable" in text and "Insufficient cpu" in text, text
     record("failure_unschedulable", {"seconds": round(elapsed, 1)})

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kfp import local
 
-from conftest import TORCH_IMAGE, record, sigterm_when_running
+from conftest import SLEEPER, TORCH_IMAGE, record, sigterm_when_running
 from trainflow.kfp import make_train_job_component
 
 pytestmark = pytest.mark.e2e
@@ -86,7 +86,7 @@ def test_sigterm_to_the_step_leaves_no_trainjob_pod_or_container(
     kwargs = {
         "runtime": "torch-distributed",
         "image": TORCH_IMAGE,
-        "command": ["sleep", "600"],
+        "command": SLEEPER,
         "num_nodes": 2,
         "backend": "kubernetes",
         "backend_config": {"kubeconfig": str(testbed.kubeconfig), "context": testbed.context},

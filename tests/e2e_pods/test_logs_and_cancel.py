@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import TORCH_IMAGE, assert_all_gone, cli, cri_containers, poll, record
+from conftest import SLEEPER, TORCH_IMAGE, assert_all_gone, cli, cri_containers, poll, record
 from trainflow.core import TrainJobRequest
 
 pytestmark = pytest.mark.e2e
@@ -78,9 +78,7 @@ def test_logs_follow_rank0_live_and_across_a_container_restart(
 def test_cli_cancel_leaves_no_trainjob_jobset_pod_or_container(
     testbed: Any, backend: Any, k8s: Any, namespace: str
 ) -> None:
-    request = TrainJobRequest(
-        runtime="torch-distributed", image=TORCH_IMAGE, command=["sleep", "600"], num_nodes=2
-    )
+    request = TrainJobRequest(runtime="torch-distributed", image=TORCH_IMAGE, command=SLEEPER, num_nodes=2)
     ref = backend.submit(request)
     poll(lambda: backend.get(ref).state.value == "Running", 120, "the TrainJob Running")
     poll(lambda: len(cri_containers(testbed, namespace)) >= 4, 120, "2 sandboxes + 2 trainer containers")

@@ -17,7 +17,7 @@ with DAG("tf_pods_on_kill", schedule=None, start_date=START):
         task_id="train",
         runtime="torch-distributed",
         image=IMAGE,
-        command=["sleep", "600"],
+        command=["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"],  # stops on SIGTERM
         num_nodes=2,
         deferrable=False,
         stream_logs=False,

@@ -26,7 +26,9 @@ def instance_processes(run_dir: Path) -> list[str]:
                 cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if f"TRAINFLOW_TESTBED_INSTANCE={run_dir}".encode() in env.split(b"\0") or str(run_dir) in cmd:
+            tagged = f"TRAINFLOW_TESTBED_INSTANCE={run_dir}".encode() in env.split(b"\0")
+            # components name their files under the run dir (the make recipe's shell only names the dir)
+            if tagged or any(f"{run_dir}/{sub}/" in cmd for sub in ("etc", "containerd", "node", "data")):
                 out.append(f"{d.name}: {cmd[:120]}")
     return out
 
