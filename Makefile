@@ -7,7 +7,7 @@ RUN := $(UV) run --frozen --extra dev --no-sync
 PYTEST_FLAGS ?= -q
 
 .PHONY: setup demo test test-fast test-k8s37 reliability-long lint typecheck fmt components check-components e2e bench bench-full clean \
-	dist test-dist image-tools images image-archive test-images
+	dist test-dist image-tools images image-archive test-images e2e-pods pods-images
 
 include testbed/testbed.mk
 
@@ -95,7 +95,26 @@ reliability-long: setup
 	  RELIABILITY_DRY_RUN_EXAMPLES=50000 RELIABILITY_SEED=random RELIABILITY_LOAD_JOBS=500 \
 	  $(RUN) pytest -m e2e tests/reliability $(PYTEST_FLAGS)
 
-test: lint typecheck check-components test-fast test-k8s37 test-dist test-images e2e
+# Real pods: a real node (containerd, runc, CNI, kubelet, kube-proxy, CoreDNS) and the Trainer controller in
+# cluster, on its own testbed instance (testbed/up.sh --pods). The runtime images are OCI archives imported
+# into the node's containerd: $(PODS_IMAGES), built by pods-images unless TRAINFLOW_TESTBED_IMAGES names them.
+PODS_TESTBED := TRAINFLOW_TESTBED_DIR=$${TRAINFLOW_PODS_TESTBED_DIR:-/tmp/trainflow-pods-run} \
+	TRAINFLOW_TESTBED_PORT_BASE=$${TRAINFLOW_PODS_PORT_BASE:-25380}
+PODS_IMAGES := dist/images/pods
+# The image names the default runtimes reference (Trainer v2.3.0 overlays/runtimes), all from the trainer image.
+PODS_IMAGE_NAMES := docker.io/pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime
+
+pods-images: setup
+	$(MAKE) image-archive IMAGE=trainer NAMES="$(PODS_IMAGE_NAMES)" OUT=$(PODS_IMAGES)/trainer.oci.tar
+
+e2e-pods: setup
+	@set -e; export $(PODS_TESTBED); \
+	  if [ -z "$${TRAINFLOW_TESTBED_IMAGES:-}" ]; then $(MAKE) pods-images; export TRAINFLOW_TESTBED_IMAGES=$(PODS_IMAGES); fi; \
+	  trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh --pods; \
+	  $(RUN) pytest -m e2e tests/e2e_pods --ignore=tests/e2e_pods/teardown $(PYTEST_FLAGS); \
+	  $(RUN) pytest -m e2e tests/e2e_pods/teardown $(PYTEST_FLAGS)
+
+test: lint typecheck check-components test-fast test-k8s37 test-dist test-images e2e e2e-pods
 
 # Benchmarks against the peers measured in the same run, on their own testbed instance.
 BENCH_TESTBED := TRAINFLOW_TESTBED_DIR=$${TRAINFLOW_BENCH_TESTBED_DIR:-/tmp/trainflow-bench-run} \

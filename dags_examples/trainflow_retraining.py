@@ -6,7 +6,10 @@ loads the model file the TrainJob wrote (found through the XCom result's ``outpu
 best metric lives in the Airflow Variable ``trainflow_retraining_best_mse``.
 
 Runs on a cluster or on the embedded local engine: the ``kubeflow_trainer_default`` connection decides
-(``{"backend": "local"}`` for the local engine, as ``scripts/demo.sh`` sets it up).
+(``{"backend": "local"}`` for the local engine, as ``scripts/demo.sh`` sets it up). On a cluster, the
+datasets and the model live on a shared ReadWriteMany volume mounted at the same path in the trainer pods and
+in the Airflow workers: ``TRAINFLOW_SHARED_PVC`` names its PersistentVolumeClaim, ``TRAINFLOW_SHARED_MOUNT``
+the mount path (default ``/mnt/trainflow``).
 """
 
 from __future__ import annotations
@@ -21,10 +24,14 @@ from example_training import train_regression
 from trainflow.airflow import TrainJobOperator
 
 BEST_VARIABLE = "trainflow_retraining_best_mse"
+SHARED_PVC = os.environ.get("TRAINFLOW_SHARED_PVC")
+SHARED_MOUNT = os.environ.get("TRAINFLOW_SHARED_MOUNT", "/mnt/trainflow")
 
 
 def _data_root() -> str:
-    """Where daily datasets land (a plain directory for the local engine)."""
+    """Where daily datasets land: the shared volume on a cluster, a plain directory for the local engine."""
+    if SHARED_PVC:
+        return os.path.join(SHARED_MOUNT, "datasets")
     home = os.environ.get("TRAINFLOW_HOME") or os.path.expanduser("~/.local/share/trainflow")
     return os.environ.get("TRAINFLOW_DATA_ROOT") or os.path.join(home, "datasets")
 
@@ -64,8 +71,19 @@ with DAG(
         function_kwargs={"epochs": 60, "lr": 0.1, "seed": "{{ data_interval_start.day }}"},
         num_nodes=2,
         proc_per_node=2,
-        dataset_uri="file://{{ data_root }}/regression/{{ data_interval_start | ds }}",
-        env={"TRAINING_INTERVAL": "{{ data_interval_start | ds }}/{{ data_interval_end | ds }}"},
+        # the local engine hands a file:// dataset to the trainer; the cluster runtime has no dataset
+        # initializer, so there the trainer reads TRAINING_DATA from the shared volume
+        dataset_uri=None
+        if SHARED_PVC
+        else "file://{{ data_root }}/regression/{{ data_interval_start | ds }}",
+        env={
+            "TRAINING_INTERVAL": "{{ data_interval_start | ds }}/{{ data_interval_end | ds }}",
+            "TRAINING_DATA": "{{ data_root }}/regression/{{ data_interval_start | ds }}",
+        },
+        output_uri=f"file://{SHARED_MOUNT}/models/{{{{ dag.dag_id }}}}/{{{{ ts_nodash }}}}"
+        if SHARED_PVC
+        else None,
+        volumes=[{"claim_name": SHARED_PVC, "mount_path": SHARED_MOUNT}] if SHARED_PVC else None,
         stream_logs=True,  # rank 0's log lines appear in this task's log as they are written
         retries=1,
         retry_delay=timedelta(seconds=5),

@@ -44,16 +44,6 @@ log "cold build into $BIN (go $(go env GOVERSION), $(nproc) cores)"
 NICE="nice -n ${TESTBED_BUILD_NICE:-10}"
 P="${TESTBED_BUILD_PARALLEL:-$(nproc)}"
 
-k8s_ldflags() {
-  local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
-  local f="" pkg
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    f+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    f+=" -X $pkg.gitCommit=$K8S_GIT_COMMIT -X $pkg.gitTreeState=clean"
-    f+=" -X $pkg.buildDate=1970-01-01T00:00:00Z"
-  done
-  echo "-s -w$f"
-}
 
 build_one() { # module-dir output package [ldflags]
   local mod="$1" out="$2" pkg="$3" ldf="${4:--s -w}"

@@ -24,7 +24,18 @@ export CGO_ENABLED=0
 testbed_key() {
   {
     cat "$TESTBED_SRC/versions.env"
-    cat "$TESTBED_SRC"/go/*/go.mod "$TESTBED_SRC"/go/*/go.sum
+    # The control plane's modules only (go/node is the pods mode's, keyed by pods_key).
+    cat "$TESTBED_SRC"/go/{controllers,k8s}/go.mod "$TESTBED_SRC"/go/{controllers,k8s}/go.sum
+    go env GOVERSION GOOS GOARCH
+  } | sha256sum | cut -c1-16
+}
+
+# The pods mode's node components: their pins, the go/node module, and the control plane's versions.env
+# (kubelet and kube-proxy are built at K8S_VERSION).
+pods_key() {
+  {
+    cat "$TESTBED_SRC/versions.env" "$TESTBED_SRC/node/versions.env"
+    cat "$TESTBED_SRC"/go/{node,coredns}/go.mod "$TESTBED_SRC"/go/{node,coredns}/go.sum "$TESTBED_SRC/go/coredns/main.go"
     go env GOVERSION GOOS GOARCH
   } | sha256sum | cut -c1-16
 }
@@ -36,6 +47,18 @@ trainer_upstream_dir() {
   if [ -d "$d/crds" ] && [ -d "$d/runtimes" ]; then (cd "$d" && pwd); return 0; fi
   echo "trainer manifests not found: $d needs crds/ and runtimes/" >&2
   return 1
+}
+
+# -ldflags that stamp the Kubernetes version into k8s.io/kubernetes binaries (as its own build does).
+k8s_ldflags() {
+  local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
+  local f="" pkg
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    f+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    f+=" -X $pkg.gitCommit=$K8S_GIT_COMMIT -X $pkg.gitTreeState=clean"
+    f+=" -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "-s -w$f"
 }
 
 log() { printf '[testbed %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }

@@ -72,6 +72,24 @@ COMPONENTS = [
     "trainer-controller-manager",
 ]
 
+# Pods mode: a real node (containerd, kubelet, kube-proxy, CoreDNS) instead of kwok, and the Trainer in cluster.
+PODS_COMPONENTS = [
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "jobset-controller",
+    "containerd",
+    "kubelet",
+    "kube-proxy",
+    "coredns",
+]
+
+
+def components(L: Layout) -> list[str]:
+    return PODS_COMPONENTS if L.pods else COMPONENTS
+
+
 KWOK_NODES = ["kwok-node-0", "kwok-node-1"]
 # What every simulated container "prints" (served by kwok for pods/log requests).
 # CRI log format ("<RFC3339Nano> <stream> <F|P> <line>"), which kwok parses.
@@ -114,7 +132,15 @@ class Layout:
         self.state_file = self.dir / "state.json"
         self.bin = Path(bin_dir).resolve() if bin_dir else None
         base = int(os.environ.get("TRAINFLOW_TESTBED_PORT_BASE", DEFAULT_PORT_BASE))
+        self.port_base = base
         self.ports = {k: base + v for k, v in PORTS.items()}
+        # Pods mode (a real node, testbed/node/) records itself here at up; kwok mode has no file.
+        self.mode_file = self.dir / "mode.json"
+        mode = json.loads(self.mode_file.read_text()) if self.mode_file.exists() else {}
+        self.pods = mode.get("mode") == "pods"
+        self.api_host = str(mode.get("api_host", "127.0.0.1"))
+        if self.pods:
+            self.ports = {k: int(v) for k, v in mode["ports"].items()}
 
     def b(self, name: str) -> str:
         assert self.bin is not None
@@ -133,7 +159,53 @@ def _openssl(*args: str) -> None:
         raise TestbedError(f"openssl {' '.join(args)} failed: {r.stderr}")
 
 
-def make_pki(L: Layout) -> None:
+def leaf(L: Layout, name: str, cn: str, org: str | None, sans: list[str], usage: str) -> None:
+    """A key and a certificate signed by the testbed CA, in L.pki/<name>.{key,crt}."""
+    p = L.pki
+    subj = (f"/O={org}" if org else "") + f"/CN={cn}"
+    _openssl(
+        "req",
+        "-new",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-sha256",
+        "-keyout",
+        str(p / f"{name}.key"),
+        "-out",
+        str(p / f"{name}.csr"),
+        "-subj",
+        subj,
+    )
+    ext = [
+        "basicConstraints=CA:FALSE",
+        "keyUsage=critical,digitalSignature,keyEncipherment",
+        f"extendedKeyUsage={usage}",
+    ]
+    if sans:
+        ext.append("subjectAltName=" + ",".join(sans))
+    (p / f"{name}.ext").write_text("\n".join(ext) + "\n")
+    _openssl(
+        "x509",
+        "-req",
+        "-sha256",
+        "-days",
+        "3650",
+        "-in",
+        str(p / f"{name}.csr"),
+        "-CA",
+        str(p / "ca.crt"),
+        "-CAkey",
+        str(p / "ca.key"),
+        "-CAcreateserial",
+        "-out",
+        str(p / f"{name}.crt"),
+        "-extfile",
+        str(p / f"{name}.ext"),
+    )
+
+
+def make_pki(L: Layout, extra_apiserver_sans: tuple[str, ...] = ()) -> None:
     p = L.pki
     p.mkdir(parents=True, exist_ok=True)
     _openssl(
@@ -157,56 +229,15 @@ def make_pki(L: Layout) -> None:
         "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
     )
 
-    def leaf(name: str, cn: str, org: str | None, sans: list[str], usage: str) -> None:
-        subj = (f"/O={org}" if org else "") + f"/CN={cn}"
-        _openssl(
-            "req",
-            "-new",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-sha256",
-            "-keyout",
-            str(p / f"{name}.key"),
-            "-out",
-            str(p / f"{name}.csr"),
-            "-subj",
-            subj,
-        )
-        ext = [
-            "basicConstraints=CA:FALSE",
-            "keyUsage=critical,digitalSignature,keyEncipherment",
-            f"extendedKeyUsage={usage}",
-        ]
-        if sans:
-            ext.append("subjectAltName=" + ",".join(sans))
-        (p / f"{name}.ext").write_text("\n".join(ext) + "\n")
-        _openssl(
-            "x509",
-            "-req",
-            "-sha256",
-            "-days",
-            "3650",
-            "-in",
-            str(p / f"{name}.csr"),
-            "-CA",
-            str(p / "ca.crt"),
-            "-CAkey",
-            str(p / "ca.key"),
-            "-CAcreateserial",
-            "-out",
-            str(p / f"{name}.crt"),
-            "-extfile",
-            str(p / f"{name}.ext"),
-        )
-
     loop = ["IP:127.0.0.1", "DNS:localhost"]
     leaf(
+        L,
         "apiserver",
         "kube-apiserver",
         None,
         [
             *loop,
+            *extra_apiserver_sans,
             "IP:10.96.0.1",
             "DNS:kubernetes",
             "DNS:kubernetes.default",
@@ -215,11 +246,12 @@ def make_pki(L: Layout) -> None:
         ],
         "serverAuth",
     )
-    leaf("admin", "trainflow-testbed-admin", "system:masters", [], "clientAuth")
-    leaf("kube-controller-manager", "system:kube-controller-manager", None, [], "clientAuth")
-    leaf("kube-scheduler", "system:kube-scheduler", None, [], "clientAuth")
+    leaf(L, "admin", "trainflow-testbed-admin", "system:masters", [], "clientAuth")
+    leaf(L, "kube-controller-manager", "system:kube-controller-manager", None, [], "clientAuth")
+    leaf(L, "kube-scheduler", "system:kube-scheduler", None, [], "clientAuth")
     # apiserver -> kwok "kubelet" (logs/exec) client identity
     leaf(
+        L,
         "apiserver-kubelet-client",
         "kube-apiserver-kubelet-client",
         "kubeadm:cluster-admins",
@@ -227,7 +259,7 @@ def make_pki(L: Layout) -> None:
         "clientAuth",
     )
     # serving certs for everything else listening on loopback
-    leaf("serving", "trainflow-testbed-loopback", None, loop, "serverAuth")
+    leaf(L, "serving", "trainflow-testbed-loopback", None, loop, "serverAuth")
     # service-account token signing key
     _openssl("genrsa", "-out", str(p / "sa.key"), "2048")
     _openssl("rsa", "-in", str(p / "sa.key"), "-pubout", "-out", str(p / "sa.pub"))
@@ -253,7 +285,7 @@ def write_kubeconfig(L: Layout, path: Path, user: str) -> None:
             {
                 "name": CONTEXT,
                 "cluster": {
-                    "server": f"https://127.0.0.1:{L.ports['apiserver']}",
+                    "server": f"https://{L.api_host}:{L.ports['apiserver']}",
                     "certificate-authority": str(L.pki / "ca.crt"),
                 },
             }
@@ -365,7 +397,7 @@ def running(L: Layout, name: str) -> bool:
 
 
 def stop_all(L: Layout, timeout: float = 15.0) -> None:
-    names = list(reversed(COMPONENTS))
+    names = list(reversed(components(L)))
     for name in names:
         pid = pid_of(L, name)
         if pid and running(L, name):
@@ -397,7 +429,7 @@ def stop_all(L: Layout, timeout: float = 15.0) -> None:
 
 def tail_logs(L: Layout, lines: int = 40) -> str:
     out = []
-    for name in [*COMPONENTS, "setup"]:
+    for name in [*components(L), "setup"]:
         f = L.logs / f"{name}.log"
         if not f.exists():
             out.append(f"===== {name}: no log =====")
@@ -679,215 +711,8 @@ def kwok_nodes() -> list[dict]:
 # --------------------------------------------------------------------------- up
 
 
-def up(L: Layout, trainer_upstream: Path) -> None:
-    if L.state_file.exists() and all(running(L, n) for n in COMPONENTS):
-        try:
-            if http_ok(f"https://127.0.0.1:{L.ports['apiserver']}/readyz", admin_ssl(L)):
-                log(f"testbed already up in {L.dir}")
-                return
-        except Exception:
-            pass
-    if instance_pids(L):
-        log("stale testbed processes found; stopping them first")
-        stop_all(L)
-    t0 = time.time()
-    for d in (L.pki, L.logs, L.pids, L.etc, L.data, L.dir / "tmp", L.dir / "webhook-certs"):
-        if d.exists():
-            shutil.rmtree(d)
-    for f in (L.state_file, L.env_file, L.kubeconfig):
-        if f.exists():
-            f.unlink()
-    for d in (L.pki, L.logs, L.pids, L.etc, L.data, L.dir / "tmp" / "trainer"):
-        d.mkdir(parents=True, exist_ok=True)
-    busy = [f"{k}={p}" for k, p in L.ports.items() if not port_free(p)]
-    if busy:
-        raise TestbedError(
-            f"ports in use on 127.0.0.1: {', '.join(busy)} "
-            "(set TRAINFLOW_TESTBED_PORT_BASE to move the testbed)"
-        )
-    make_pki(L)
-    write_kubeconfig(L, L.kubeconfig, "admin")
-    write_kubeconfig(L, L.etc / "kube-controller-manager.kubeconfig", "kube-controller-manager")
-    write_kubeconfig(L, L.etc / "kube-scheduler.kubeconfig", "kube-scheduler")
-    P = L.ports
-    pki = L.pki
-    api = f"https://127.0.0.1:{P['apiserver']}"
-
-    # ---- etcd
-    start(
-        L,
-        "etcd",
-        [
-            L.b("etcd"),
-            "--name",
-            "trainflow-testbed",
-            "--data-dir",
-            str(L.data / "etcd"),
-            "--listen-client-urls",
-            f"http://127.0.0.1:{P['etcd']}",
-            "--advertise-client-urls",
-            f"http://127.0.0.1:{P['etcd']}",
-            "--listen-peer-urls",
-            f"http://127.0.0.1:{P['etcd_peer']}",
-            "--initial-advertise-peer-urls",
-            f"http://127.0.0.1:{P['etcd_peer']}",
-            "--initial-cluster",
-            f"trainflow-testbed=http://127.0.0.1:{P['etcd_peer']}",
-            "--listen-metrics-urls",
-            "",
-            "--quota-backend-bytes",
-            str(2 * 1024**3),
-            "--unsafe-no-fsync",
-            "--log-level",
-            "warn",
-        ],
-    )
-    wait_for(
-        "etcd health", lambda: http_ok(f"http://127.0.0.1:{P['etcd']}/health"), 60 * TS, watch=["etcd"], L=L
-    )
-
-    # ---- kube-apiserver
-    start(
-        L,
-        "kube-apiserver",
-        [
-            L.b("kube-apiserver"),
-            "--etcd-servers",
-            f"http://127.0.0.1:{P['etcd']}",
-            "--bind-address",
-            "127.0.0.1",
-            "--advertise-address",
-            "127.0.0.1",
-            "--secure-port",
-            str(P["apiserver"]),
-            "--cert-dir",
-            str(L.dir / "tmp" / "apiserver"),
-            "--tls-cert-file",
-            str(pki / "apiserver.crt"),
-            "--tls-private-key-file",
-            str(pki / "apiserver.key"),
-            "--client-ca-file",
-            str(pki / "ca.crt"),
-            "--authorization-mode",
-            "Node,RBAC",
-            "--service-account-issuer",
-            api,
-            "--service-account-key-file",
-            str(pki / "sa.pub"),
-            "--service-account-signing-key-file",
-            str(pki / "sa.key"),
-            "--service-cluster-ip-range",
-            "10.96.0.0/16",
-            "--endpoint-reconciler-type",
-            "none",
-            "--kubelet-client-certificate",
-            str(pki / "apiserver-kubelet-client.crt"),
-            "--kubelet-client-key",
-            str(pki / "apiserver-kubelet-client.key"),
-            "--kubelet-certificate-authority",
-            str(pki / "ca.crt"),
-            "--kubelet-preferred-address-types",
-            "InternalIP",
-            "--allow-privileged=true",
-            "--profiling=false",
-            "--enable-admission-plugins",
-            "NodeRestriction",
-            "--v",
-            "1",
-        ],
-    )
-    wait_for(
-        "kube-apiserver /readyz",
-        lambda: http_ok(f"{api}/readyz", admin_ssl(L)),
-        120 * TS,
-        watch=["kube-apiserver"],
-        L=L,
-    )
-    k = Kubectl(L)
-
-    # ---- kube-controller-manager, kube-scheduler
-    kcm_kc = str(L.etc / "kube-controller-manager.kubeconfig")
-    start(
-        L,
-        "kube-controller-manager",
-        [
-            L.b("kube-controller-manager"),
-            "--kubeconfig",
-            kcm_kc,
-            "--authentication-kubeconfig",
-            kcm_kc,
-            "--authorization-kubeconfig",
-            kcm_kc,
-            "--bind-address",
-            "127.0.0.1",
-            "--secure-port",
-            str(P["kcm"]),
-            "--cert-dir",
-            str(L.dir / "tmp" / "kcm"),
-            "--tls-cert-file",
-            str(pki / "serving.crt"),
-            "--tls-private-key-file",
-            str(pki / "serving.key"),
-            "--leader-elect=false",
-            "--use-service-account-credentials=true",
-            "--service-account-private-key-file",
-            str(pki / "sa.key"),
-            "--root-ca-file",
-            str(pki / "ca.crt"),
-            "--cluster-signing-cert-file",
-            str(pki / "ca.crt"),
-            "--cluster-signing-key-file",
-            str(pki / "ca.key"),
-            "--service-cluster-ip-range",
-            "10.96.0.0/16",
-            "--controllers",
-            "*,-nodeipam,-cloud-node-lifecycle,-service,-route,-persistentvolume-binder,-attachdetach",
-            "--v",
-            "1",
-        ],
-    )
-    sch_kc = str(L.etc / "kube-scheduler.kubeconfig")
-    start(
-        L,
-        "kube-scheduler",
-        [
-            L.b("kube-scheduler"),
-            "--kubeconfig",
-            sch_kc,
-            "--authentication-kubeconfig",
-            sch_kc,
-            "--authorization-kubeconfig",
-            sch_kc,
-            "--bind-address",
-            "127.0.0.1",
-            "--secure-port",
-            str(P["scheduler"]),
-            "--cert-dir",
-            str(L.dir / "tmp" / "scheduler"),
-            "--tls-cert-file",
-            str(pki / "serving.crt"),
-            "--tls-private-key-file",
-            str(pki / "serving.key"),
-            "--leader-elect=false",
-            "--v",
-            "1",
-        ],
-    )
-
-    # ---- CRDs (JobSet from its module, Trainer from the core's vendored copy) - established
-    crd_files = sorted((L.bin / "manifests" / "jobset" / "crd").glob("*.yaml")) + sorted(
-        (trainer_upstream / "crds").glob("*.yaml")
-    )
-    crds = [d for f in crd_files for d in load_yaml_docs(f)]
-    k.apply_objs(crds)
-    k.run(
-        "wait",
-        "--for=condition=Established",
-        f"--timeout={int(120 * TS)}s",
-        *[f"crd/{c['metadata']['name']}" for c in crds],
-    )
-    log(f"CRDs established: {', '.join(c['metadata']['name'] for c in crds)}")
-
+def _start_kwok(L: Layout) -> None:
+    P, pki = L.ports, L.pki
     # ---- kwok
     stages = kwok_stages(L)
     (L.etc / "kwok.yaml").write_text(
@@ -959,41 +784,9 @@ def up(L: Layout, trainer_upstream: Path) -> None:
         {"HOME": str(L.dir / "tmp")},
     )
 
-    # ---- JobSet controller (webhooks on loopback with testbed certs, no cert rotation)
-    js_cfg = {
-        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
-        "kind": "Configuration",
-        "leaderElection": {"leaderElect": False},
-        "internalCertManagement": {"enable": False},
-        "webhook": {
-            "host": "127.0.0.1",
-            "port": P["jobset_webhook"],
-            "certDir": str(L.dir / "webhook-certs" / "jobset"),
-        },
-        "metrics": {"bindAddress": "0"},
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{P['jobset_health']}"},
-        "clientConnection": {"qps": 100, "burst": 200},
-    }
-    (L.etc / "jobset-config.yaml").write_text(yaml.safe_dump(js_cfg))
-    start(
-        L,
-        "jobset-controller",
-        [
-            L.b("jobset-controller"),
-            "--kubeconfig",
-            str(L.kubeconfig),
-            "--config",
-            str(L.etc / "jobset-config.yaml"),
-            "--metrics-bind-address",
-            "0",
-            "--health-probe-bind-address",
-            f"127.0.0.1:{P['jobset_health']}",
-            "--zap-devel=false",
-            "--zap-log-level",
-            "info",
-        ],
-    )
 
+def _start_local_trainer(L: Layout) -> None:
+    P = L.ports
     # ---- Trainer controller manager
     tr_cfg = {
         "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
@@ -1029,29 +822,10 @@ def up(L: Layout, trainer_upstream: Path) -> None:
         tr_argv += ["--feature-gates", TRAINER_FEATURE_GATES]
     start(L, "trainer-controller-manager", tr_argv, {"TMPDIR": str(L.dir / "tmp" / "trainer")})
 
-    all_procs = list(COMPONENTS)
-    insecure = insecure_ssl()
-    wait_for(
-        "kube-controller-manager /healthz",
-        lambda: http_ok(f"https://127.0.0.1:{P['kcm']}/healthz", insecure),
-        90 * TS,
-        watch=all_procs,
-        L=L,
-    )
-    wait_for(
-        "kube-scheduler /healthz",
-        lambda: http_ok(f"https://127.0.0.1:{P['scheduler']}/healthz", insecure),
-        90 * TS,
-        watch=all_procs,
-        L=L,
-    )
-    wait_for(
-        "jobset-controller /readyz",
-        lambda: http_ok(f"http://127.0.0.1:{P['jobset_health']}/readyz"),
-        90 * TS,
-        watch=all_procs,
-        L=L,
-    )
+
+def _kwok_trainer_ready(L: Layout, k: Kubectl, trainer_upstream: Path) -> list[dict]:
+    """kwok mode: wait for the local Trainer, wire both webhooks, install the runtimes, kwok nodes Ready."""
+    P, all_procs = L.ports, components(L)
     wait_for(
         "trainer-controller-manager /readyz",
         lambda: http_ok(f"http://127.0.0.1:{P['trainer_health']}/readyz"),
@@ -1080,9 +854,305 @@ def up(L: Layout, trainer_upstream: Path) -> None:
     k.apply_objs(runtimes)
     log(f"ClusterTrainingRuntimes: {', '.join(r['metadata']['name'] for r in runtimes)}")
 
-    # ---- kwok nodes Ready; default service account exists
+    # ---- kwok nodes Ready
     k.apply_objs(kwok_nodes(), server_side=False)
     k.run("wait", "--for=condition=Ready", f"--timeout={int(120 * TS)}s", *[f"node/{n}" for n in KWOK_NODES])
+    return runtimes
+
+
+def _pods() -> Any:
+    """testbed/node/ (pods mode), imported only when used."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "node"))
+    import pods
+
+    return pods
+
+
+def up(L: Layout, trainer_upstream: Path, node_bin: Path | None = None) -> None:
+    want_pods = node_bin is not None
+    if L.state_file.exists() and L.pods == want_pods and all(running(L, n) for n in components(L)):
+        try:
+            if http_ok(f"https://{L.api_host}:{L.ports['apiserver']}/readyz", admin_ssl(L)):
+                log(f"testbed already up in {L.dir}")
+                return
+        except Exception:
+            pass
+    if instance_pids(L) or L.pods:
+        log("stale testbed found; stopping it first")
+        down(L)
+    t0 = time.time()
+    for d in (L.pki, L.logs, L.pids, L.etc, L.data, L.dir / "tmp", L.dir / "webhook-certs"):
+        if d.exists():
+            shutil.rmtree(d)
+    for f in (L.state_file, L.env_file, L.kubeconfig, L.mode_file):
+        if f.exists():
+            f.unlink()
+    for d in (L.pki, L.logs, L.pids, L.etc, L.data, L.dir / "tmp" / "trainer"):
+        d.mkdir(parents=True, exist_ok=True)
+    busy = [f"{k}={p}" for k, p in L.ports.items() if not port_free(p)]
+    if busy:
+        raise TestbedError(
+            f"ports in use on 127.0.0.1: {', '.join(busy)} "
+            "(set TRAINFLOW_TESTBED_PORT_BASE to move the testbed)"
+        )
+    pods = _pods() if want_pods else None
+    if pods is not None:
+        # The node's network first: the API server binds the host end of the node's veth.
+        pods.prepare(sys.modules[__name__], L)
+    make_pki(L, (f"IP:{L.api_host}",) if L.pods else ())
+    write_kubeconfig(L, L.kubeconfig, "admin")
+    write_kubeconfig(L, L.etc / "kube-controller-manager.kubeconfig", "kube-controller-manager")
+    write_kubeconfig(L, L.etc / "kube-scheduler.kubeconfig", "kube-scheduler")
+    P = L.ports
+    pki = L.pki
+    api = f"https://{L.api_host}:{P['apiserver']}"
+
+    # ---- etcd
+    start(
+        L,
+        "etcd",
+        [
+            L.b("etcd"),
+            "--name",
+            "trainflow-testbed",
+            "--data-dir",
+            str(L.data / "etcd"),
+            "--listen-client-urls",
+            f"http://127.0.0.1:{P['etcd']}",
+            "--advertise-client-urls",
+            f"http://127.0.0.1:{P['etcd']}",
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{P['etcd_peer']}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{P['etcd_peer']}",
+            "--initial-cluster",
+            f"trainflow-testbed=http://127.0.0.1:{P['etcd_peer']}",
+            "--listen-metrics-urls",
+            "",
+            "--quota-backend-bytes",
+            str(2 * 1024**3),
+            "--unsafe-no-fsync",
+            "--log-level",
+            "warn",
+        ],
+    )
+    wait_for(
+        "etcd health", lambda: http_ok(f"http://127.0.0.1:{P['etcd']}/health"), 60 * TS, watch=["etcd"], L=L
+    )
+
+    # ---- kube-apiserver
+    start(
+        L,
+        "kube-apiserver",
+        [
+            L.b("kube-apiserver"),
+            "--etcd-servers",
+            f"http://127.0.0.1:{P['etcd']}",
+            "--bind-address",
+            L.api_host,
+            "--advertise-address",
+            L.api_host,
+            "--secure-port",
+            str(P["apiserver"]),
+            "--cert-dir",
+            str(L.dir / "tmp" / "apiserver"),
+            "--tls-cert-file",
+            str(pki / "apiserver.crt"),
+            "--tls-private-key-file",
+            str(pki / "apiserver.key"),
+            "--client-ca-file",
+            str(pki / "ca.crt"),
+            "--authorization-mode",
+            "Node,RBAC",
+            "--service-account-issuer",
+            api,
+            "--service-account-key-file",
+            str(pki / "sa.pub"),
+            "--service-account-signing-key-file",
+            str(pki / "sa.key"),
+            "--service-cluster-ip-range",
+            "10.96.0.0/16",
+            "--endpoint-reconciler-type",
+            # Pods reach the API server through the kubernetes Service (kube-proxy -> advertise address).
+            "lease" if L.pods else "none",
+            # Service-backed webhooks (the in-cluster Trainer) are called at their endpoint (pod) IPs.
+            f"--enable-aggregator-routing={'true' if L.pods else 'false'}",
+            "--kubelet-client-certificate",
+            str(pki / "apiserver-kubelet-client.crt"),
+            "--kubelet-client-key",
+            str(pki / "apiserver-kubelet-client.key"),
+            "--kubelet-certificate-authority",
+            str(pki / "ca.crt"),
+            "--kubelet-preferred-address-types",
+            "InternalIP",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--enable-admission-plugins",
+            "NodeRestriction",
+            "--v",
+            "1",
+        ],
+    )
+    wait_for(
+        "kube-apiserver /readyz",
+        lambda: http_ok(f"{api}/readyz", admin_ssl(L)),
+        120 * TS,
+        watch=["kube-apiserver"],
+        L=L,
+    )
+    k = Kubectl(L)
+
+    # ---- kube-controller-manager, kube-scheduler
+    kcm_kc = str(L.etc / "kube-controller-manager.kubeconfig")
+    start(
+        L,
+        "kube-controller-manager",
+        [
+            L.b("kube-controller-manager"),
+            "--kubeconfig",
+            kcm_kc,
+            "--authentication-kubeconfig",
+            kcm_kc,
+            "--authorization-kubeconfig",
+            kcm_kc,
+            "--bind-address",
+            "127.0.0.1",
+            "--secure-port",
+            str(P["kcm"]),
+            "--cert-dir",
+            str(L.dir / "tmp" / "kcm"),
+            "--tls-cert-file",
+            str(pki / "serving.crt"),
+            "--tls-private-key-file",
+            str(pki / "serving.key"),
+            "--leader-elect=false",
+            "--use-service-account-credentials=true",
+            "--service-account-private-key-file",
+            str(pki / "sa.key"),
+            "--root-ca-file",
+            str(pki / "ca.crt"),
+            "--cluster-signing-cert-file",
+            str(pki / "ca.crt"),
+            "--cluster-signing-key-file",
+            str(pki / "ca.key"),
+            "--service-cluster-ip-range",
+            "10.96.0.0/16",
+            "--controllers",
+            # Pods mode binds PersistentVolumeClaims (the shared RWX hostPath volume of the tests).
+            "*,-nodeipam,-cloud-node-lifecycle,-service,-route,-attachdetach"
+            + ("" if L.pods else ",-persistentvolume-binder"),
+            "--v",
+            "1",
+        ],
+    )
+    sch_kc = str(L.etc / "kube-scheduler.kubeconfig")
+    start(
+        L,
+        "kube-scheduler",
+        [
+            L.b("kube-scheduler"),
+            "--kubeconfig",
+            sch_kc,
+            "--authentication-kubeconfig",
+            sch_kc,
+            "--authorization-kubeconfig",
+            sch_kc,
+            "--bind-address",
+            "127.0.0.1",
+            "--secure-port",
+            str(P["scheduler"]),
+            "--cert-dir",
+            str(L.dir / "tmp" / "scheduler"),
+            "--tls-cert-file",
+            str(pki / "serving.crt"),
+            "--tls-private-key-file",
+            str(pki / "serving.key"),
+            "--leader-elect=false",
+            "--v",
+            "1",
+        ],
+    )
+
+    # ---- CRDs (JobSet from its module, Trainer from the core's vendored copy) - established
+    crd_files = sorted((L.bin / "manifests" / "jobset" / "crd").glob("*.yaml")) + sorted(
+        (trainer_upstream / "crds").glob("*.yaml")
+    )
+    crds = [d for f in crd_files for d in load_yaml_docs(f)]
+    k.apply_objs(crds)
+    k.run(
+        "wait",
+        "--for=condition=Established",
+        f"--timeout={int(120 * TS)}s",
+        *[f"crd/{c['metadata']['name']}" for c in crds],
+    )
+    log(f"CRDs established: {', '.join(c['metadata']['name'] for c in crds)}")
+
+    # ---- JobSet controller (webhooks on loopback with testbed certs, no cert rotation)
+    js_cfg = {
+        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+        "kind": "Configuration",
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "webhook": {
+            "host": "127.0.0.1",
+            "port": P["jobset_webhook"],
+            "certDir": str(L.dir / "webhook-certs" / "jobset"),
+        },
+        "metrics": {"bindAddress": "0"},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{P['jobset_health']}"},
+        "clientConnection": {"qps": 100, "burst": 200},
+    }
+    (L.etc / "jobset-config.yaml").write_text(yaml.safe_dump(js_cfg))
+    start(
+        L,
+        "jobset-controller",
+        [
+            L.b("jobset-controller"),
+            "--kubeconfig",
+            str(L.kubeconfig),
+            "--config",
+            str(L.etc / "jobset-config.yaml"),
+            "--metrics-bind-address",
+            "0",
+            "--health-probe-bind-address",
+            f"127.0.0.1:{P['jobset_health']}",
+            "--zap-devel=false",
+            "--zap-log-level",
+            "info",
+        ],
+    )
+
+    if not L.pods:
+        _start_kwok(L)
+        _start_local_trainer(L)
+    all_procs = [n for n in components(L) if pid_of(L, n)]  # started so far
+    insecure = insecure_ssl()
+    wait_for(
+        "kube-controller-manager /healthz",
+        lambda: http_ok(f"https://127.0.0.1:{P['kcm']}/healthz", insecure),
+        90 * TS,
+        watch=all_procs,
+        L=L,
+    )
+    wait_for(
+        "kube-scheduler /healthz",
+        lambda: http_ok(f"https://127.0.0.1:{P['scheduler']}/healthz", insecure),
+        90 * TS,
+        watch=all_procs,
+        L=L,
+    )
+    wait_for(
+        "jobset-controller /readyz",
+        lambda: http_ok(f"http://127.0.0.1:{P['jobset_health']}/readyz"),
+        90 * TS,
+        watch=all_procs,
+        L=L,
+    )
+    if L.pods:
+        assert pods is not None and node_bin is not None
+        runtimes = pods.up_node(sys.modules[__name__], L, k, Path(node_bin), trainer_upstream)
+    else:
+        runtimes = _kwok_trainer_ready(L, k, trainer_upstream)
     wait_for(
         "ServiceAccount default/default",
         lambda: k.run("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0,
@@ -1103,14 +1173,16 @@ def up(L: Layout, trainer_upstream: Path) -> None:
             line.split("=", 1) for line in (L.bin / "VERSIONS").read_text().split() if "=" in line
         ),
         "webhooks": True,
+        "mode": "pods" if L.pods else "kwok",
         "trainer_feature_gates": TRAINER_FEATURE_GATES,
-        "kwok_nodes": KWOK_NODES,
+        "kwok_nodes": [] if L.pods else KWOK_NODES,
         "kwok_fail_label": FAIL_LABEL,
         "simulated_log_lines": [ln.split(" ", 3)[3] for ln in SIMULATED_LOG.splitlines()],
         "runtimes": [r["metadata"]["name"] for r in runtimes],
         "trainer_upstream": str(trainer_upstream),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "start_seconds": round(elapsed, 1),
+        **(pods.state(L) if pods is not None else {}),
     }
     L.state_file.write_text(json.dumps(state, indent=2) + "\n")
     L.env_file.write_text(
@@ -1183,9 +1255,19 @@ def probe_trainer_webhook(k: Kubectl) -> bool:
 # --------------------------------------------------------------------------- status
 
 
+def down(L: Layout) -> None:
+    """Stop every process of the instance; in pods mode also undo the node's host changes."""
+    if L.pods:
+        _pods().down(sys.modules[__name__], L)
+    else:
+        stop_all(L)
+    if L.state_file.exists():
+        L.state_file.unlink()
+
+
 def status(L: Layout) -> int:
     ok = True
-    for name in COMPONENTS:
+    for name in components(L):
         r = running(L, name)
         ok &= r
         print(f"{name:28s} {'running pid ' + str(pid_of(L, name)) if r else 'NOT RUNNING'}")
@@ -1203,6 +1285,7 @@ def main() -> int:
     ap.add_argument("--dir", default=os.environ.get("TRAINFLOW_TESTBED_DIR", DEFAULT_DIR))
     ap.add_argument("--bin")
     ap.add_argument("--trainer-upstream")
+    ap.add_argument("--node-bin", help="pods mode: the node build (testbed/node/build.sh output)")
     ap.add_argument("--lines", type=int, default=40)
     a = ap.parse_args()
     L = Layout(a.dir, a.bin)
@@ -1211,21 +1294,18 @@ def main() -> int:
             ap.error("up needs --bin and --trainer-upstream")
         L.dir.mkdir(parents=True, exist_ok=True)
         try:
-            up(L, Path(a.trainer_upstream))
+            up(L, Path(a.trainer_upstream), Path(a.node_bin) if a.node_bin else None)
         except Exception as e:
             log(f"FAILED to start testbed: {e}")
             print(tail_logs(L, a.lines), file=sys.stderr)
             try:
-                stop_all(L)
+                down(Layout(a.dir, a.bin))
             except Exception as e2:
                 log(f"cleanup after failure: {e2}")
             return 1
         return 0
     if a.command == "down":
-        stop_all(L)
-        for f in (L.state_file,):
-            if f.exists():
-                f.unlink()
+        down(L)
         log(f"testbed in {L.dir} stopped")
         return 0
     if a.command == "status":

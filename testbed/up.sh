@@ -2,12 +2,21 @@
 # Build (if needed) and start the trainflow e2e testbed; waits until ready.
 # Writes $TRAINFLOW_TESTBED_DIR/kubeconfig, env (shell exports), state.json.
 # Exit non-zero, with the tail of every component log, if anything fails.
+#   --pods   a real node (containerd, runc, CNI, kubelet, kube-proxy, CoreDNS) instead of kwok, and the
+#            Trainer controller in cluster; image archives to import: $TRAINFLOW_TESTBED_IMAGES.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
+NODE_ARGS=()
+for arg in "$@"; do
+  case "$arg" in
+    --pods) NODE_ARGS=(--node-bin "$("$TESTBED_SRC/node/build.sh")") ;;
+    *) die "unknown argument $arg (usage: up.sh [--pods])" ;;
+  esac
+done
 t0=$(date +%s)
 BIN="$("$TESTBED_SRC/build.sh")"
 UPSTREAM="$(trainer_upstream_dir)"
 PY="$(testbed_python)"
-"$PY" "$TESTBED_SRC/testbed.py" up --dir "$TESTBED_DIR" --bin "$BIN" --trainer-upstream "$UPSTREAM"
+"$PY" "$TESTBED_SRC/testbed.py" up --dir "$TESTBED_DIR" --bin "$BIN" --trainer-upstream "$UPSTREAM" "${NODE_ARGS[@]}"
 log "testbed-up total $(( $(date +%s) - t0 ))s; use: . $TESTBED_DIR/env"

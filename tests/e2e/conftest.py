@@ -331,17 +331,18 @@ def request_totals(testbed: Testbed) -> collections.Counter[str]:
 NO_RETRY_RUNTIME = "torch-no-retry"
 
 
-@pytest.fixture
-def no_retry_runtime(k8s, namespace: str) -> str:
-    """A namespaced TrainingRuntime like torch-distributed but without Job retries (backoffLimit 0), so one
-    failed pod fails the Job, the JobSet and the TrainJob at once; returns its name."""
+def torch_training_runtime(k8s, namespace: str, name: str, backoff_limit: int) -> str:
+    """Create a namespaced TrainingRuntime like torch-distributed whose Job allows ``backoff_limit`` retries."""
     image = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
     step = {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
-    node = {"backoffLimit": 0, "template": {"spec": {"containers": [{"name": "node", "image": image}]}}}
+    node = {
+        "backoffLimit": backoff_limit,
+        "template": {"spec": {"containers": [{"name": "node", "image": image}]}},
+    }
     runtime = {
         "apiVersion": f"{TRAINER_GROUP}/{TRAINER_VERSION}",
         "kind": "TrainingRuntime",
-        "metadata": {"name": NO_RETRY_RUNTIME, "labels": {"trainer.kubeflow.org/framework": "torch"}},
+        "metadata": {"name": name, "labels": {"trainer.kubeflow.org/framework": "torch"}},
         "spec": {
             "mlPolicy": {"numNodes": 1, "torch": {}},
             "template": {
@@ -356,7 +357,14 @@ def no_retry_runtime(k8s, namespace: str) -> str:
     k8s.custom.create_namespaced_custom_object(
         TRAINER_GROUP, TRAINER_VERSION, namespace, "trainingruntimes", runtime
     )
-    return NO_RETRY_RUNTIME
+    return name
+
+
+@pytest.fixture
+def no_retry_runtime(k8s, namespace: str) -> str:
+    """A namespaced TrainingRuntime like torch-distributed but without Job retries (backoffLimit 0), so one
+    failed pod fails the Job, the JobSet and the TrainJob at once; returns its name."""
+    return torch_training_runtime(k8s, namespace, NO_RETRY_RUNTIME, 0)
 
 
 def condition(obj: dict, ctype: str) -> dict | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from trainflow.core.errors import Diagnostics
+from trainflow.core.kube import diagnostics
 from trainflow.core.kube.diagnostics import collect, event_lines, has_creation_failure, pod_problems
 from trainflow.core.kube.plan import run
 
@@ -176,3 +177,41 @@ def test_collect_never_raises():
             return fail
 
     assert run(collect("ns", "job"), Broken()).lines() == []
+
+
+def _pod(name: str, created: str, *, waiting: str | None = None, unschedulable: bool = False) -> dict:
+    status: dict = {}
+    if waiting:
+        status["containerStatuses"] = [
+            {"name": "node", "state": {"waiting": {"reason": waiting, "message": f"{waiting} detail"}}}
+        ]
+    if unschedulable:
+        status["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/1 nodes: Insufficient cpu",
+            }
+        ]
+    return {"metadata": {"name": name, "creationTimestamp": created}, "status": status}
+
+
+NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+OLD, NEW = "2027-01-15T07:57:00Z", "2027-01-15T07:59:30Z"  # 180 s and 30 s before NOW
+
+
+def test_stuck_reason_names_an_old_pod_that_cannot_pull_or_schedule() -> None:
+    assert diagnostics.stuck_reason([_pod("a", OLD, waiting="ImagePullBackOff")], NOW, 120) == (
+        "ImagePullBackOff",
+        "pod a container node: ImagePullBackOff detail",
+    )
+    reason, detail = diagnostics.stuck_reason([_pod("b", OLD, unschedulable=True)], NOW, 120) or ("", "")
+    assert reason == "Unschedulable" and "Insufficient cpu" in detail
+
+
+def test_stuck_reason_waits_for_young_pods_and_ignores_recoverable_states() -> None:
+    assert diagnostics.stuck_reason([_pod("a", NEW, waiting="ErrImagePull")], NOW, 120) is None
+    assert diagnostics.stuck_reason([_pod("a", OLD, waiting="CrashLoopBackOff")], NOW, 120) is None
+    assert diagnostics.stuck_reason([_pod("a", OLD, waiting="ContainerCreating")], NOW, 120) is None
+    assert diagnostics.stuck_reason([{"metadata": {"name": "x"}}], NOW, 120) is None

@@ -6,7 +6,7 @@ import pytest
 
 from trainflow.core.errors import InvalidRequest
 from trainflow.core.kube.diagnostics import newest as newest_pod
-from trainflow.core.kube.logs import container_state, parse_timestamp, step_target
+from trainflow.core.kube.logs import container_state, parse_timestamp, step_target, will_restart
 from trainflow.core.kube.reportlog import last_report, parse_report_line
 from trainflow.core.runtimes import find_runtime, local_catalog
 
@@ -73,3 +73,21 @@ def test_last_report_line_wins_per_metric():
     assert progress == 100
     assert parse_report_line('2026-11-29T10:00:00Z TRAINFLOW_REPORT {"metrics": {}}') == {"metrics": {}}
     assert last_report(["nothing"]) == ({}, None)
+
+
+def _terminated(code: int, policy: str = "OnFailure", phase: str = "Running") -> dict:
+    return {
+        "spec": {"restartPolicy": policy},
+        "status": {
+            "phase": phase,
+            "containerStatuses": [{"name": "node", "state": {"terminated": {"exitCode": code}}}],
+        },
+    }
+
+
+def test_will_restart_follows_the_restart_policy() -> None:
+    assert will_restart(_terminated(2), "node")  # OnFailure after a failure: restarted in place
+    assert not will_restart(_terminated(0), "node")  # OnFailure after success: done
+    assert not will_restart(_terminated(2, policy="Never"), "node")
+    assert not will_restart(_terminated(2, phase="Failed"), "node")
+    assert will_restart(_terminated(0, policy="Always"), "node")

@@ -145,6 +145,7 @@ def test_follow_logs_reconnects_from_last_timestamp_without_replay(fake, backend
     fake.pods = [
         {
             "metadata": {"name": "a-node-0-0", "creationTimestamp": "2026-11-29T10:00:00Z", "labels": {}},
+            "spec": {"restartPolicy": "OnFailure"},  # as the Trainer's node pods: an exit 0 is not restarted
             "status": {"phase": "Running", "containerStatuses": [{"name": "node", "state": {"running": {}}}]},
         }
     ]

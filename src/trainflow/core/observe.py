@@ -9,6 +9,9 @@ feed each version of the TrainJob (or ``None`` when a quiet period passed) to ``
   failing and the Failed condition;
 * stuck in Created: no JobSet progress ``submit_timeout`` after creation means the waiter should look for
   creation-failure events, at most every ``recheck`` seconds;
+* pods not ready (the Trainer's ``jobsStatus`` counts fewer ready than active pods): the waiter looks at the pods
+  every ``POD_CHECK_SECONDS`` - a pod that cannot be scheduled or pull its image never fails the TrainJob, and a
+  crashed container's exit code and log are gone once the Job deletes its pods;
 * the deadline: an absolute time, so a wait resumed elsewhere (a triggerer) keeps the task's deadline.
 """
 
@@ -23,6 +26,7 @@ from typing import Any
 from trainflow.core.result import JobState, TrainJobResult, result_from_trainjob
 
 CREATION_RECHECK_SECONDS = 30.0
+POD_CHECK_SECONDS = 5.0
 UpdateCallback = Callable[[TrainJobResult], None]
 
 
@@ -41,14 +45,18 @@ class Outcome:
     done: bool = False
     timed_out: bool = False
     check_creation: bool = False
+    check_pods: bool = False
 
 
 @dataclass
 class Waiter:
-    """The state of one wait. ``deadline`` is epoch seconds; ``submit_timeout`` None disables the stuck check."""
+    """The state of one wait. ``deadline`` is epoch seconds; ``submit_timeout`` None disables the stuck check,
+    ``pod_checks`` False the pod checks (the local engine has no pods)."""
 
     deadline: float | None = None
     submit_timeout: float | None = None
+    pod_checks: bool = False
+    pods_checked_at: float | None = None
     recheck: float = CREATION_RECHECK_SECONDS
     result: TrainJobResult | None = None
     obj: Mapping[str, Any] | None = None
@@ -63,11 +71,22 @@ class Waiter:
     def next_check(self, now: float, window: float) -> float:
         """How long a driver may wait for the next event before it must look again (deadline, stuck check)."""
         pause = min(window, self.remaining(now))
+        if self.pods_not_ready():
+            pause = min(pause, POD_CHECK_SECONDS)
         if self._may_be_stuck() and self.result is not None and self.submit_timeout is not None:
             created = self.result.created_at.timestamp() if self.result.created_at else now
             due = max(created + self.submit_timeout, (self.checked_at or -math.inf) + self.recheck)
             pause = min(pause, due - now)
         return max(0.0, pause)
+
+    def pods_not_ready(self) -> bool:
+        """A Created or Running job with fewer ready than active pods (pending, pulling, crashed)."""
+        if not self.pod_checks or self.obj is None or self.result is None or self.result.state.terminal:
+            return False
+        jobs = (self.obj.get("status") or {}).get("jobsStatus") or []
+        return any(
+            int(j.get("active") or 0) > int(j.get("ready") or 0) for j in jobs if isinstance(j, Mapping)
+        )
 
     def _may_be_stuck(self) -> bool:
         if self.result is None or self.result.state is not JobState.CREATED or self.obj is None:
@@ -95,7 +114,21 @@ def observe(waiter: Waiter, obj: Mapping[str, Any] | None, now: float) -> Outcom
         return Outcome(result, changed=changed, done=True)
     if waiter.remaining(now) <= 0:
         return Outcome(result, changed=changed, timed_out=True)
-    return Outcome(result, changed=changed, check_creation=_creation_check_due(waiter, now))
+    return Outcome(
+        result,
+        changed=changed,
+        check_creation=_creation_check_due(waiter, now),
+        check_pods=_pod_check_due(waiter, now),
+    )
+
+
+def _pod_check_due(waiter: Waiter, now: float) -> bool:
+    if not waiter.pods_not_ready():
+        return False
+    if waiter.pods_checked_at is not None and now - waiter.pods_checked_at < 1.0:
+        return False
+    waiter.pods_checked_at = now
+    return True
 
 
 def _creation_check_due(waiter: Waiter, now: float) -> bool:

@@ -46,9 +46,11 @@ def _selector(labels: Mapping[str, str] | None) -> str | None:
     return ",".join(f"{k}={v}" for k, v in labels.items()) if labels else None
 
 
-def finish(obj: Mapping[str, Any], raise_on_failure: bool, log_tail_lines: int) -> Plan[TrainJobResult]:
+def finish(
+    obj: Mapping[str, Any], raise_on_failure: bool, log_tail_lines: int, captured: Diagnostics | None = None
+) -> Plan[TrainJobResult]:
     """A terminal TrainJob -> its result: metrics from rank 0's log only when trainerStatus has none; raise
-    TrainJobFailed with diagnostics on Failed."""
+    TrainJobFailed with diagnostics on Failed (with what the pods showed while they existed: ``captured``)."""
     result = result_from_trainjob(obj)
     if result.state is JobState.COMPLETE and not result.metrics:
         metrics, progress = yield from diagnostics.metrics_from_log(
@@ -59,8 +61,31 @@ def finish(obj: Mapping[str, Any], raise_on_failure: bool, log_tail_lines: int) 
             result = result.replace(**update)
     if result.state is JobState.FAILED and raise_on_failure:
         diag = yield from diagnostics.collect(result.namespace, result.name)
+        if (
+            captured is not None
+        ):  # on a real cluster the Job deletes its pods before the TrainJob turns Failed
+            diag.failed_ranks = diag.failed_ranks or captured.failed_ranks
+            diag.log_tail = diag.log_tail or captured.log_tail
         raise TrainJobFailed(result, diag)
     return result
+
+
+def check_pods(
+    waiter: Waiter, stuck_after: float, captured: list[Diagnostics]
+) -> Plan[TrainJobFailed | None]:
+    """Pods not ready: a TrainJobFailed when one is stuck (unschedulable, image or config it cannot get) for
+    ``stuck_after`` seconds - the Trainer never fails such a job; else keep a crash's diagnostics in ``captured``."""
+    assert waiter.result is not None
+    result = waiter.result
+    stuck, diag = yield from diagnostics.inspect_pods(result.namespace, result.name, time.time(), stuck_after)
+    if stuck is not None:
+        reason, detail = stuck
+        message = f"{detail} (for over {stuck_after:.0f}s; the TrainJob was left as it is)"
+        failed = result.replace(state=JobState.FAILED, reason=reason, message=message)
+        return TrainJobFailed(failed, diag)
+    if diag is not None and diag.failed_ranks and not (captured and captured[0].log_tail):
+        captured[:] = [diag]
+    return None
 
 
 def timed_out(ref: JobRef, waiter: Waiter, waited: float, diag: Diagnostics | None) -> Plan[WaitTimeout]:
@@ -76,8 +101,10 @@ class KubernetesBackend:
 
     Config: ``kubeconfig`` (one file, or several joined by ``:``), ``context``, ``in_cluster``,
     ``config_dict`` (inline kubeconfig), ``namespace``; ``submit_timeout``: how long a job may stay without
-    JobSet progress before creation-failure events are looked for; ``log_tail_lines``: how much of rank 0's
-    log is scanned for metrics when trainerStatus carries none.
+    JobSet progress before creation-failure events are looked for; ``pod_stuck_timeout``: how long a pod may
+    stay unschedulable or unable to start its containers (image pull, missing config) before ``wait`` raises
+    TrainJobFailed (the TrainJob is left as it is); ``log_tail_lines``: how much of rank 0's log is scanned
+    for metrics when trainerStatus carries none.
     """
 
     name = "kubernetes"
@@ -92,6 +119,7 @@ class KubernetesBackend:
         config_dict: Mapping[str, Any] | None = None,
         namespace: str | None = None,
         submit_timeout: float = 300.0,
+        pod_stuck_timeout: float = 120.0,
         log_tail_lines: int = 200,
         retry_policy: retry.RetryPolicy = retry.DEFAULT_POLICY,
     ) -> None:
@@ -105,6 +133,7 @@ class KubernetesBackend:
         self.namespace = self.cluster.namespace
         self.api = KubeApi(self.cluster, retry_policy)
         self.submit_timeout = submit_timeout
+        self.pod_stuck_timeout = pod_stuck_timeout
         self.log_tail_lines = log_tail_lines
         self.last_wait_stats: WatchStats | None = None
         self._runtimes: dict[tuple[str, str, str], tuple[float, Runtime]] = {}
@@ -197,7 +226,9 @@ class KubernetesBackend:
 
     # --- wait -----------------------------------------------------------------------------------------
     def _waiter(self, timeout: float | None, deadline: float | None) -> Waiter:
-        return Waiter(deadline=resolve_deadline(timeout, deadline), submit_timeout=self.submit_timeout)
+        return Waiter(
+            deadline=resolve_deadline(timeout, deadline), submit_timeout=self.submit_timeout, pod_checks=True
+        )
 
     def _window(self) -> float:
         return max(5.0, min(WATCH_WINDOW, self.submit_timeout / 4))
@@ -217,6 +248,8 @@ class KubernetesBackend:
         started = time.time()
         waiter = self._waiter(timeout, deadline)
         stuck: list[Diagnostics] = []
+        captured: list[Diagnostics] = []
+        failures: list[TrainJobFailed] = []
 
         def feed(obj: dict[str, Any] | None) -> bool:
             out = observe(waiter, obj, time.time())
@@ -226,7 +259,11 @@ class KubernetesBackend:
                 diag = run(diagnostics.creation_failure(r.namespace, r.name), self.api)
                 if diag is not None:
                     stuck.append(diag)
-            return out.done or out.timed_out or bool(stuck)
+            if out.check_pods and not out.done:
+                failure = run(check_pods(waiter, self.pod_stuck_timeout, captured), self.api)
+                if failure is not None:
+                    failures.append(failure)
+            return out.done or out.timed_out or bool(stuck) or bool(failures)
 
         self.last_wait_stats = stats = WatchStats()
         window = self._window()
@@ -239,9 +276,14 @@ class KubernetesBackend:
             resource_version=resource_version,
             stats=stats,
         )
+        if failures:
+            if raise_on_failure:
+                raise failures[0]
+            return failures[0].result  # type: ignore[no-any-return]
         if waiter.obj is None or waiter.result is None or not waiter.result.state.terminal:
             raise run(timed_out(r, waiter, time.time() - started, stuck[0] if stuck else None), self.api)
-        return run(finish(waiter.obj, raise_on_failure, self.log_tail_lines), self.api)
+        tail = captured[0] if captured else None
+        return run(finish(waiter.obj, raise_on_failure, self.log_tail_lines, tail), self.api)
 
     async def wait_async(
         self,
@@ -256,6 +298,7 @@ class KubernetesBackend:
         r = self._ref(ref)
         started = time.time()
         waiter = self._waiter(timeout, deadline)
+        captured: list[Diagnostics] = []
         reg = registry()
         key = (self.cluster.server, r.namespace)
         async with reg.subscribe(key, self.cluster.async_configuration, r.name) as box:
@@ -273,7 +316,16 @@ class KubernetesBackend:
                     on_update(out.result)
                 if out.done:
                     assert waiter.obj is not None
-                    return await arun(finish(waiter.obj, raise_on_failure, self.log_tail_lines), reg.api(key))
+                    tail = captured[0] if captured else None
+                    return await arun(
+                        finish(waiter.obj, raise_on_failure, self.log_tail_lines, tail), reg.api(key)
+                    )
+                if out.check_pods:
+                    failure = await arun(check_pods(waiter, self.pod_stuck_timeout, captured), reg.api(key))
+                    if failure is not None:
+                        if raise_on_failure:
+                            raise failure
+                        return failure.result  # type: ignore[no-any-return]
                 diag = None
                 if out.check_creation:
                     diag = await arun(diagnostics.creation_failure(r.namespace, r.name), reg.api(key))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 from trainflow.core.errors import Diagnostics
@@ -29,6 +30,17 @@ WAITING_REASONS = frozenset(
         "CreateContainerError",
         "InvalidImageName",
         "RunContainerError",
+    }
+)
+# Waiting states a pod does not leave by itself: the kubelet retries a pull that cannot succeed, a config
+# that is missing. With Unschedulable they fail a wait after the backend's ``pod_stuck_timeout``.
+STUCK_WAITING_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
     }
 )
 MAX_TEXT = 300
@@ -98,6 +110,36 @@ def pod_problems(pods: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[dic
         if status.get("phase") == "Failed" and status.get("reason"):
             problems.append(f"pod {name}: {status['reason']}: {_short(status.get('message'))}")
     return problems[:MAX_LINES], failed[:MAX_LINES]
+
+
+def stuck_reason(pods: Iterable[Mapping[str, Any]], now: float, after: float) -> tuple[str, str] | None:
+    """(reason, detail) of the first pod older than ``after`` s that is unschedulable or cannot start its
+    containers (STUCK_WAITING_REASONS), else None."""
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        try:
+            created = datetime.fromisoformat(str(meta.get("creationTimestamp")).replace("Z", "+00:00"))
+        except ValueError:
+            continue
+        if now - created.timestamp() < after:
+            continue
+        name = str(meta.get("name", "?"))
+        status = pod.get("status") or {}
+        for cond in status.get("conditions") or []:
+            if (
+                cond.get("type") == "PodScheduled"
+                and str(cond.get("status")) == "False"
+                and cond.get("reason") == "Unschedulable"
+            ):
+                return "Unschedulable", f"pod {name} not scheduled: {_short(cond.get('message'))}"
+        for kind, cs in _statuses(pod):
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in STUCK_WAITING_REASONS:
+                return (
+                    str(waiting["reason"]),
+                    f"pod {name} {kind} {cs.get('name', '?')}: {_short(waiting.get('message'))}",
+                )
+    return None
 
 
 def event_lines(events: Iterable[Mapping[str, Any]], names: set[str] | None = None) -> list[str]:
@@ -173,6 +215,25 @@ def collect(
             log.debug("log tail of %s failed: %r", failed["pod"], exc)
         break
     return diag
+
+
+def inspect_pods(
+    namespace: str, name: str, now: float, stuck_after: float
+) -> Plan[tuple[tuple[str, str] | None, Diagnostics | None]]:
+    """One look at a job's pods while some are not ready: (stuck reason and detail, diagnostics).
+
+    Stuck: a pod unschedulable or unable to start its containers for ``stuck_after`` seconds. Diagnostics are
+    collected now when a pod is stuck or a container crashed, while the pods and their logs still exist.
+    """
+    try:
+        pods = yield read("list_pods", namespace, f"{JOBSET_NAME_LABEL}={name}")
+    except Exception as exc:
+        log.debug("pods of %s/%s: %r", namespace, name, exc)
+        return None, None
+    stuck = stuck_reason(pods, now, stuck_after)
+    if stuck is None and not pod_problems(pods)[1]:
+        return None, None
+    return stuck, (yield from collect(namespace, name))
 
 
 def metrics_from_log(

@@ -76,6 +76,22 @@ def container_state(pod: Mapping[str, Any], container: str) -> str:
     return ""
 
 
+def will_restart(pod: Mapping[str, Any], container: str) -> bool:
+    """The kubelet restarts this terminated container in place: the pod is not finished and its
+    restartPolicy is Always, or OnFailure after a non-zero exit (the Trainer's node pods use OnFailure)."""
+    status = pod.get("status") or {}
+    policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
+    if status.get("phase") in ("Succeeded", "Failed") or policy == "Never":
+        return False
+    if policy == "Always":
+        return True
+    for cs in status.get("containerStatuses") or []:
+        if cs.get("name") == container:
+            terminated = (cs.get("state") or {}).get("terminated") or {}
+            return terminated.get("exitCode") not in (0, None)
+    return False
+
+
 def parse_timestamp(line: str) -> tuple[int | None, str]:
     """Split a ``timestamps=true`` log line into (epoch nanoseconds, text)."""
     match = _TS.match(line)
@@ -180,7 +196,8 @@ class LogReader:
             current = self.find_pod()
             if current is None or str(current["metadata"]["name"]) != name:
                 return  # pod gone or replaced: that container's log is complete
-            if not dropped and container_state(current, self.target.container) == "terminated":
+            state = container_state(current, self.target.container)
+            if not dropped and state == "terminated" and not will_restart(current, self.target.container):
                 return
             attempt += 1
             self.reconnects += 1

@@ -1,0 +1,197 @@
+"""Pods mode: images for containerd, and the Trainer controller installed in cluster as users install it.
+
+The Trainer runs from ``manifests/overlays/manager`` of the pinned release (minus its remote JobSet
+reference: JobSet runs as a host process) with the TrainJobStatus feature gate, so its status server
+takes ``report()`` calls from pods; the default runtimes come from ``manifests/overlays/runtimes``, with
+the release's image tags (IfNotPresent pulls), as a Helm or kustomize install has them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import oci
+import yaml
+
+NAMESPACE = "kubeflow-system"
+DEPLOYMENT = "kubeflow-trainer-controller-manager"
+FEATURE_GATES = "TrainJobStatus=true"
+CONTROLLER_IMAGE = "ghcr.io/kubeflow/trainer/trainer-controller-manager"
+# Image archives (OCI or docker tar) to import besides pause and the controller: files or directories of
+# *.tar, separated by ':'. make e2e-pods passes the runtime images built by `make images`.
+IMAGES_ENV = "TRAINFLOW_TESTBED_IMAGES"
+
+
+def _archive_index(path: Path) -> tuple[list[str], list[str]]:
+    """Image names and manifest digests in an OCI archive's index.json."""
+    with tarfile.open(path) as t:
+        for member in t:
+            if member.name.removeprefix("./") == "index.json":
+                f = t.extractfile(member)
+                assert f is not None
+                index = json.load(f)
+                break
+        else:
+            raise FileNotFoundError(f"{path}: no index.json (not an OCI archive)")
+    manifests = index.get("manifests", [])
+    names = [m.get("annotations", {}).get("io.containerd.image.name", "?") for m in manifests]
+    return names, [m["digest"] for m in manifests]
+
+
+def image_archives(L: Any, nb: Path, version: str) -> list[Path]:
+    """pause, the Trainer controller (built here from the testbed's binary), then $TRAINFLOW_TESTBED_IMAGES."""
+    out_dir = L.dir / "images"
+    out_dir.mkdir(exist_ok=True)
+    controller = out_dir / "trainer-controller-manager.oci.tar"
+    oci.write_image(
+        controller,
+        [f"{CONTROLLER_IMAGE}:{version}"],
+        [(L.bin / "trainer-controller-manager", "/manager", 0o755)],
+        ["/manager"],
+        user="65532:65532",
+    )
+    archives = [nb / "pause.oci.tar", controller]
+    for item in filter(None, os.environ.get(IMAGES_ENV, "").split(":")):
+        p = Path(item)
+        if p.is_dir():
+            archives += sorted(p.glob("*.tar"))
+        elif p.is_file():
+            archives.append(p)
+        else:
+            raise FileNotFoundError(f"{IMAGES_ENV}: {p} does not exist")
+    return archives
+
+
+def _ctr(L: Any, nb: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    sock = L.dir / "containerd" / "containerd.sock"
+    argv = [str(nb / "ctr"), "--address", str(sock), "--namespace", "k8s.io", *args]
+    return subprocess.run(argv, capture_output=True, text=True)
+
+
+def _present(L: Any, nb: Path) -> dict[str, str]:
+    """Image name -> manifest digest already in containerd (its root outlives down, as a node's images do)."""
+    out = {}
+    for line in _ctr(L, nb, "images", "ls").stdout.splitlines()[1:]:
+        cols = line.split()
+        if len(cols) >= 3:
+            out[cols[0]] = cols[2]
+    return out
+
+
+def import_images(tb: Any, L: Any, nb: Path) -> list[dict[str, Any]]:
+    """Import every archive whose images containerd does not hold at the same digest yet."""
+    present = _present(L, nb)
+    done = []
+    for archive in image_archives(L, nb, _trainer_version(L)):
+        t0 = time.time()
+        names, digests = _archive_index(archive)
+        size = archive.stat().st_size
+        cached = all(present.get(n) == d for n, d in zip(names, digests, strict=True))
+        if not cached:
+            r = _ctr(L, nb, "images", "import", str(archive))
+            if r.returncode != 0:
+                raise tb.TestbedError(f"ctr images import {archive} failed: {r.stderr.strip()}")
+        seconds = round(time.time() - t0, 1)
+        done.append(
+            {
+                "names": names,
+                "archive": str(archive),
+                "bytes": size,
+                "import_seconds": seconds,
+                "cached": cached,
+            }
+        )
+        how = "already present" if cached else f"imported in {seconds}s"
+        tb.log(f"image {', '.join(names)} ({size / 2**20:.0f} MiB): {how}")
+    return done
+
+
+def remove_containers(L: Any, nb: Path) -> None:
+    """Delete every task and container (pods' sandboxes too) so the next start finds only images."""
+    for task in _ctr(L, nb, "tasks", "ls", "-q").stdout.split():
+        _ctr(L, nb, "tasks", "rm", "-f", task)
+    ids = _ctr(L, nb, "containers", "ls", "-q").stdout.split()
+    if ids:
+        _ctr(L, nb, "containers", "rm", *ids)
+
+
+def _trainer_version(L: Any) -> str:
+    versions = dict(line.split("=", 1) for line in (L.bin / "VERSIONS").read_text().split() if "=" in line)
+    return versions["trainer"]
+
+
+def _kustomize(tb: Any, k: Any, path: Path) -> list[dict[str, Any]]:
+    r = k.run("kustomize", str(path))
+    return [d for d in yaml.safe_load_all(r.stdout) if d]
+
+
+def install(tb: Any, L: Any, k: Any, nb: Path) -> list[dict[str, Any]]:
+    """Install the Trainer controller in cluster; wait until its webhook answers; install the runtimes."""
+    src = L.etc / "trainer-manifests"
+    if src.exists():
+        shutil.rmtree(src)
+    shutil.copytree(nb / "manifests" / "trainer", src)
+    kfile = src / "overlays" / "manager" / "kustomization.yaml"
+    kust = yaml.safe_load(kfile.read_text())
+    kust["resources"] = [r for r in kust["resources"] if "third-party/jobset" not in r]
+    kust.setdefault("patches", []).append(
+        {
+            "target": {"kind": "Deployment", "name": DEPLOYMENT},
+            "patch": yaml.safe_dump(
+                [
+                    {
+                        "op": "add",
+                        "path": "/spec/template/spec/containers/0/args/-",
+                        "value": f"--feature-gates={FEATURE_GATES}",
+                    }
+                ]
+            ),
+        }
+    )
+    kfile.write_text(yaml.safe_dump(kust, sort_keys=False))
+    k.apply_objs(_kustomize(tb, k, src / "overlays" / "manager"))
+    all_procs = tb.components(L)
+    t0 = time.time()
+    tb.wait_for(
+        "Trainer controller Deployment available",
+        lambda: (
+            k.run(
+                "get",
+                "deploy",
+                DEPLOYMENT,
+                "-n",
+                NAMESPACE,
+                "-o",
+                "jsonpath={.status.availableReplicas}",
+                check=False,
+            ).stdout.strip()
+            == "1"
+        ),
+        240 * tb.TS,
+        interval=1,
+        watch=all_procs,
+        L=L,
+    )
+    tb.wait_for(
+        "Trainer validating webhook to answer",
+        lambda: tb.probe_trainer_webhook(k),
+        120 * tb.TS,
+        watch=all_procs,
+        L=L,
+    )
+    tb.log(
+        f"Trainer controller in cluster ({FEATURE_GATES}) and its webhook ready in {time.time() - t0:.0f}s"
+    )
+    runtimes = _kustomize(tb, k, src / "overlays" / "runtimes")
+    k.apply_objs(runtimes)
+    tb.log(
+        f"ClusterTrainingRuntimes (overlays/runtimes): {', '.join(r['metadata']['name'] for r in runtimes)}"
+    )
+    return runtimes

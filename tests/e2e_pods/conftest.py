@@ -1,0 +1,259 @@
+"""Fixtures for the real-pods suite (``make e2e-pods``): the testbed in pods mode (``testbed/up.sh --pods``).
+
+A real node runs every pod: containerd, runc, the kubelet, kube-proxy and CoreDNS, with the Trainer
+controller in cluster (TrainJobStatus on). The e2e fixtures (``testbed``, ``k8s``, ``namespace``, ...) are
+reused from tests/e2e/conftest.py; this module adds the shared RWX volume, CRI inspection and helpers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "trainflow_e2e_conftest", Path(__file__).resolve().parents[1] / "e2e" / "conftest.py"
+)
+assert _spec is not None and _spec.loader is not None
+_e2e = importlib.util.module_from_spec(_spec)
+sys.modules["trainflow_e2e_conftest"] = _e2e
+_spec.loader.exec_module(_e2e)
+
+# e2e fixtures and hooks, registered for this directory too.
+testbed = _e2e.testbed
+k8s = _e2e.k8s
+namespace = _e2e.namespace
+pytest_runtest_makereport = _e2e.pytest_runtest_makereport
+wait_until = _e2e.wait_until
+condition = _e2e.condition
+dump_namespace = _e2e.dump_namespace
+TRAINER_GROUP, TRAINER_VERSION = _e2e.TRAINER_GROUP, _e2e.TRAINER_VERSION
+JOBSET_GROUP, JOBSET_VERSION = _e2e.JOBSET_GROUP, _e2e.JOBSET_VERSION
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+# The image torch-distributed names (Trainer v2.3.0), imported into containerd by up.sh --pods.
+TORCH_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
+POD_NS_LABEL = "io.kubernetes.pod.namespace"
+# A trainer that runs until stopped and stops on SIGTERM, as a training loop should (a bare `sleep` ignores
+# SIGTERM as PID 1, so every pod would take its whole 30 s grace period to go).
+SLEEPER = ["sh", "-c", "trap 'exit 0' TERM; sleep 600 & wait"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def pods_mode(testbed: Any) -> None:
+    """Every test here needs the real node: fail loudly on a kwok testbed."""
+    if testbed.state.get("mode") != "pods":
+        pytest.fail(
+            f"{testbed.dir} is a {testbed.state.get('mode', 'kwok')} testbed; start it with "
+            "`bash testbed/up.sh --pods` (make e2e-pods does)",
+            pytrace=False,
+        )
+
+
+def trainjobs(k8s: Any, ns: str) -> list[dict[str, Any]]:
+    return k8s.custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, ns, "trainjobs")["items"]
+
+
+def jobsets(k8s: Any, ns: str) -> list[dict[str, Any]]:
+    return k8s.custom.list_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, ns, "jobsets")["items"]
+
+
+def cri_containers(testbed: Any, ns: str) -> list[str]:
+    """Container ids the CRI (containerd's k8s.io namespace) still holds for pods of ``ns``, sandboxes too."""
+    node_bin = Path(testbed.state["node_bin"])
+    r = subprocess.run(
+        [
+            str(node_bin / "ctr"),
+            "--address",
+            testbed.state["containerd_socket"],
+            "--namespace",
+            "k8s.io",
+            "containers",
+            "ls",
+            "--quiet",
+            f'labels."{POD_NS_LABEL}"=={ns}',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def assert_all_gone(testbed: Any, k8s: Any, ns: str, timeout: float = 120) -> float:
+    """TrainJob, JobSet, pods and their containers all gone; returns the seconds it took."""
+    t0 = time.monotonic()
+
+    def left() -> dict[str, Any]:
+        return {
+            k: v
+            for k, v in {
+                "trainjobs": [j["metadata"]["name"] for j in trainjobs(k8s, ns)],
+                "jobsets": [j["metadata"]["name"] for j in jobsets(k8s, ns)],
+                "pods": [p.metadata.name for p in k8s.core.list_namespaced_pod(ns).items],
+                "cri_containers": cri_containers(testbed, ns),
+            }.items()
+            if v
+        }
+
+    last: dict[str, Any] = {}
+    while time.monotonic() - t0 < timeout:
+        last = left()
+        if not last:
+            return time.monotonic() - t0
+        time.sleep(1)
+    raise AssertionError(f"still there {timeout}s after cancel: {last}")
+
+
+@dataclass
+class SharedVolume:
+    """A ReadWriteMany hostPath volume: the same directory on the host and, at the same path, in every pod."""
+
+    claim: str
+    path: Path
+
+    def request_volume(self) -> dict[str, str]:
+        return {"claim_name": self.claim, "mount_path": str(self.path)}
+
+
+@pytest.fixture
+def shared_volume(testbed: Any, k8s: Any, namespace: str) -> Iterator[SharedVolume]:
+    """PV (hostPath under the testbed dir, RWX) bound to PVC ``shared`` in the test namespace."""
+    from kubernetes import client
+
+    path = testbed.dir / "shared" / namespace
+    path.mkdir(parents=True, exist_ok=True)
+    pv_name = f"shared-{namespace}"
+    k8s.core.create_persistent_volume(
+        client.V1PersistentVolume(
+            metadata=client.V1ObjectMeta(name=pv_name),
+            spec=client.V1PersistentVolumeSpec(
+                capacity={"storage": "1Gi"},
+                access_modes=["ReadWriteMany"],
+                persistent_volume_reclaim_policy="Retain",
+                storage_class_name="",
+                host_path=client.V1HostPathVolumeSource(path=str(path), type="Directory"),
+                claim_ref=client.V1ObjectReference(namespace=namespace, name="shared"),
+            ),
+        )
+    )
+    k8s.core.create_namespaced_persistent_volume_claim(
+        namespace,
+        client.V1PersistentVolumeClaim(
+            metadata=client.V1ObjectMeta(name="shared"),
+            spec=client.V1PersistentVolumeClaimSpec(
+                access_modes=["ReadWriteMany"],
+                storage_class_name="",
+                volume_name=pv_name,
+                resources=client.V1VolumeResourceRequirements(requests={"storage": "1Gi"}),
+            ),
+        ),
+    )
+    wait_until(
+        lambda: k8s.core.read_namespaced_persistent_volume_claim("shared", namespace).status.phase == "Bound",
+        60,
+        "PVC shared Bound",
+    )
+    yield SharedVolume("shared", path)
+    try:
+        k8s.core.delete_persistent_volume(pv_name)
+    except client.ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def cli(testbed: Any, ns: str, *args: str) -> list[str]:
+    """argv for the trainflow CLI against the testbed, in ``ns``."""
+    return [
+        str(BIN / "trainflow"),
+        "--backend",
+        "kubernetes",
+        "--kubeconfig",
+        str(testbed.kubeconfig),
+        "--context",
+        testbed.context,
+        "-n",
+        ns,
+        *args,
+    ]
+
+
+def make_backend(testbed: Any, namespace: str, **config: Any) -> Any:
+    from trainflow.core import get_backend
+
+    return get_backend(
+        "kubernetes",
+        kubeconfig=str(testbed.kubeconfig),
+        context=testbed.context,
+        namespace=namespace,
+        **config,
+    )
+
+
+@pytest.fixture
+def backend(testbed: Any, namespace: str) -> Any:
+    return make_backend(testbed, namespace)
+
+
+def pod_logs(k8s: Any, ns: str, selector: str) -> dict[str, str]:
+    """Current log of the trainer container of every pod matching ``selector``, by pod name."""
+    out = {}
+    for pod in k8s.core.list_namespaced_pod(ns, label_selector=selector).items:
+        out[pod.metadata.name] = k8s.core.read_namespaced_pod_log(pod.metadata.name, ns, container="node")
+    return out
+
+
+def record(name: str, data: dict[str, Any]) -> None:
+    """Measured figures of one test, printed (and kept in $TRAINFLOW_PODS_OUT when set)."""
+    out = os.environ.get("TRAINFLOW_PODS_OUT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / f"{name}.json").write_text(json.dumps(data))
+    print(json.dumps({name: data}))
+
+
+def poll(fn: Callable[[], Any], timeout: float, desc: str, interval: float = 1.0) -> Any:
+    return wait_until(fn, timeout, desc, interval=interval)
+
+
+BACKOFF_RUNTIME = "torch-backoff-2"
+
+
+@pytest.fixture
+def backoff_runtime(k8s: Any, namespace: str) -> str:
+    """A namespaced TrainingRuntime like torch-distributed whose Job gives up after 2 retries (the default
+    allows 6: with the kubelet's 10-20-40-80-160 s restart back-off, minutes); returns its name."""
+    return _e2e.torch_training_runtime(k8s, namespace, BACKOFF_RUNTIME, 2)
+
+
+def sigterm_when_running(testbed: Any, k8s: Any, ns: str, proc: Any, group: bool) -> tuple[float, float]:
+    """Once a 2-node job runs (2 sandboxes + 2 trainer containers in the CRI), SIGTERM ``proc`` (its process
+    group if ``group``), wait for it to exit and for everything to be gone. Returns (SIGTERM to all gone,
+    time waited after the exit) in seconds; kills the group if it is still there."""
+    import signal
+
+    try:
+        poll(lambda: len(cri_containers(testbed, ns)) >= 4, 180, "2 pods' sandboxes and containers")
+        assert trainjobs(k8s, ns), "no TrainJob"
+        t0 = time.monotonic()
+        if group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+        gone = assert_all_gone(testbed, k8s, ns)
+        return time.monotonic() - t0, gone
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,163 @@
+"""Issue 10 items 2, 3, 5 and 7 through Airflow on real pods (``airflow dags test`` / ``dag.test()`` in a
+subprocess, kubernetes backend from the connection, deferrable waits in the in-process triggerer):
+
+- the retraining example DAG: torch 2x2 function trainer; the downstream task loads the model the pods wrote
+  on the shared volume; XCom metrics come from ``trainerStatus``; rank 0's log streams into the task log;
+- ``@task.trainjob`` on torch-distributed;
+- ``on_kill`` (SIGTERM to a task waiting in the worker) deletes the TrainJob: nothing left, CRI included.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import TRAINER_GROUP, TRAINER_VERSION, record, sigterm_when_running
+
+pytestmark = pytest.mark.e2e
+
+# run() and the Airflow environment of the kwok e2e suite
+_spec = importlib.util.spec_from_file_location(
+    "trainflow_e2e_airflow", Path(__file__).resolve().parents[1] / "e2e" / "test_airflow_cluster.py"
+)
+assert _spec is not None and _spec.loader is not None
+_af = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_af)
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+RUNNER = REPO / "tests" / "airflow" / "dag_runner.py"
+EXAMPLES = REPO / "dags_examples"
+DAGS = Path(__file__).resolve().parent / "dags"
+LOGICAL = "2026-03-05"
+
+
+def airflow_env(
+    home: Path, testbed: Any, ns: str, dags: Path, extra_env: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The e2e suite's Airflow environment (the connection points at this cluster and namespace), these DAGs."""
+    conn = {
+        "backend": "kubernetes",
+        "kubeconfig_path": str(testbed.kubeconfig),
+        "context": testbed.context,
+        "namespace": ns,
+    }
+    env: dict[str, str] = _af.airflow_env(home, conn)
+    env["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags)
+    env.update(extra_env or {})
+    return env
+
+
+run = _af.run
+
+
+def summary(env: dict[str, str], dag_id: str, log: Path) -> dict[str, Any]:
+    rc, out = run([sys.executable, str(RUNNER), "--summary", dag_id], env, 300, log)
+    assert rc == 0, out[-4000:]
+    return json.loads([ln for ln in out.splitlines() if ln.startswith('{"run_id"')][-1])
+
+
+@pytest.fixture(scope="module")
+def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    home = tmp_path_factory.mktemp("airflow-pods")
+    (home / "airflow").mkdir()
+    (home / "trainflow").mkdir()
+    env = {**os.environ, "AIRFLOW_HOME": str(home / "airflow"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    rc, out = run([str(BIN / "airflow"), "db", "migrate"], env, 300, home / "migrate.log")
+    assert rc == 0, out[-4000:]
+    yield home
+
+
+def test_retraining_example_dag_trains_on_pods_and_evaluates_the_model_from_the_shared_volume(
+    testbed: Any, k8s: Any, namespace: str, shared_volume: Any, airflow_home: Path, tmp_path: Path
+) -> None:
+    env = airflow_env(
+        airflow_home,
+        testbed,
+        namespace,
+        EXAMPLES,
+        {"TRAINFLOW_SHARED_PVC": shared_volume.claim, "TRAINFLOW_SHARED_MOUNT": str(shared_volume.path)},
+    )
+    t0 = time.monotonic()
+    rc, log = run(
+        [str(BIN / "airflow"), "dags", "test", "trainflow_retraining", LOGICAL],
+        env,
+        900,
+        tmp_path / "dag.log",
+    )
+    elapsed = time.monotonic() - t0
+    assert rc == 0 and "state=success" in log, log[-8000:]
+    out = summary(env, "trainflow_retraining", tmp_path / "summary.log")
+    tasks, xcoms = out["tasks"], out["xcoms"]
+    assert tasks["train[-1]"]["state"] == "success" and tasks["evaluate[-1]"]["state"] == "success", tasks
+    assert "DEFERRED" in log.upper(), log[-6000:]  # the triggerer waited, not the worker
+
+    train = xcoms["train[-1].return_value"]
+    assert train["state"] == "Complete" and train["namespace"] == namespace
+    # XCom metrics are the ones the Trainer's status server wrote into trainerStatus
+    tj = k8s.custom.get_namespaced_custom_object(
+        TRAINER_GROUP, TRAINER_VERSION, namespace, "trainjobs", train["name"]
+    )
+    posted = {m["name"]: float(m["value"]) for m in tj["status"]["trainerStatus"]["metrics"]}
+    assert train["metrics"] == pytest.approx(posted), (train["metrics"], posted)
+    assert posted["world_size"] == 4.0  # 2 nodes x 2 processes in real pods
+    assert tj["status"]["trainerStatus"]["progressPercentage"] == 100
+
+    # the model the pods wrote, read by the downstream task from the shared volume (same path here)
+    model = Path(train["output_uri"].removeprefix("file://")) / "model.pt"
+    assert model.is_relative_to(shared_volume.path) and model.is_file()
+    metrics = xcoms["evaluate[-1].return_value"]
+    assert metrics["model_path"] == str(model) and metrics["trainjob"] == train["name"]
+    assert metrics["mse"] < 0.01
+    assert tasks["promote[-1]"]["state"] == "success"
+    # rank 0's log lines were streamed into the train task's log while it ran
+    assert "world_size=4" in log and "saved model to" in log, log[-8000:]
+    record("airflow_retraining_dag", {"seconds": round(elapsed, 1)})
+
+
+def test_task_trainjob_function_runs_on_torch_distributed(
+    testbed: Any, namespace: str, airflow_home: Path, tmp_path: Path
+) -> None:
+    env = airflow_env(airflow_home, testbed, namespace, DAGS)
+    t0 = time.monotonic()
+    rc, log = run(
+        [sys.executable, str(RUNNER), "tf_pods_task_trainjob", f"{LOGICAL}T00:00:00", f"{LOGICAL}T00:00:00"],
+        env,
+        600,
+        tmp_path / "dag.log",
+    )
+    assert rc == 0, log[-8000:]
+    out = json.loads([ln for ln in log.splitlines() if ln.startswith('{"run_id"')][-1])
+    checked = out["xcoms"]["check[-1].return_value"]
+    assert checked["state"] == "Complete", out
+    # ranks 0 and 1 contributed 1*2.5 + 2*2.5 through gloo; rank 0 reported it via the status server
+    assert checked["metrics"] == {"reduced": 7.5, "world_size": 2.0}, checked
+    record("airflow_task_trainjob", {"seconds": round(time.monotonic() - t0, 1)})
+
+
+def test_on_kill_deletes_the_trainjob_and_its_pods(
+    testbed: Any, k8s: Any, namespace: str, airflow_home: Path, tmp_path: Path
+) -> None:
+    env = airflow_env(airflow_home, testbed, namespace, DAGS)
+    log = tmp_path / "dag.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, str(RUNNER), "tf_pods_on_kill", f"{LOGICAL}T01:00:00", f"{LOGICAL}T01:00:00"],
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    total, gone = sigterm_when_running(testbed, k8s, namespace, proc, group=False)  # as a worker does
+    text = log.read_text()
+    assert "deleted TrainJob" in text, text[-6000:]
+    record("airflow_on_kill", {"sigterm_to_all_gone_s": round(total, 1), "wait_s": round(gone, 1)})
