@@ -22,7 +22,15 @@ import yaml
 
 from trainflow.core.backend import Backend, get_backend
 from trainflow.core.cli_request import BadInput, collect, request_options
-from trainflow.core.errors import InvalidRequest, TrainflowError, TrainJobFailed, WaitTimeout
+from trainflow.core.errors import (
+    MAX_ERROR_CHARS,
+    MAX_PROBLEM_CHARS,
+    InvalidRequest,
+    TrainflowError,
+    TrainJobFailed,
+    WaitTimeout,
+    clip,
+)
 from trainflow.core.lifecycle import launch
 from trainflow.core.result import JobRef, TrainJobResult
 
@@ -316,21 +324,23 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("aborted", err=True)
         return 130
     except click.ClickException as exc:
+        exc.message = clip(exc.message, MAX_PROBLEM_CHARS)  # click echoes the bad value
         exc.show()
         return EXIT_BAD_INPUT if isinstance(exc, click.UsageError) else exc.exit_code
     except InvalidRequest as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {clip(str(exc), MAX_ERROR_CHARS)}", err=True)
         return EXIT_BAD_INPUT
     except (TrainJobFailed, WaitTimeout, TrainflowError) as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {clip(str(exc), 2 * MAX_ERROR_CHARS)}", err=True)
         return EXIT_FAILED
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except Exception as exc:  # an unexpected failure: one line, the traceback only on request
         if os.environ.get("TRAINFLOW_DEBUG"):
             raise
+        text = clip(str(exc), MAX_ERROR_CHARS)
         click.echo(
-            f"internal error: {type(exc).__name__}: {exc} (set TRAINFLOW_DEBUG=1 for details)", err=True
+            f"internal error: {type(exc).__name__}: {text} (set TRAINFLOW_DEBUG=1 for details)", err=True
         )
         return EXIT_FAILED
     return 0

@@ -6,6 +6,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+# Every error text trainflow builds stays readable: a value echoed in it is cut (a huge or expanded input
+# must not turn into megabytes of stderr or of an Airflow task log).
+MAX_ERROR_CHARS = 4000
+MAX_FIELD_CHARS = 200
+MAX_PROBLEM_CHARS = 1000
+MAX_FIX_CHARS = 500
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    note = f"... [{len(text) - limit} more characters]"
+    return text[: max(limit - len(note), 0)] + note
+
 
 class TrainflowError(Exception):
     """Base class of every error trainflow raises on purpose."""
@@ -19,6 +34,11 @@ class FieldIssue:
     problem: str
     fix: str = ""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "field", clip(str(self.field), MAX_FIELD_CHARS))
+        object.__setattr__(self, "problem", clip(str(self.problem), MAX_PROBLEM_CHARS))
+        object.__setattr__(self, "fix", clip(str(self.fix), MAX_FIX_CHARS))
+
     def __str__(self) -> str:
         text = f"{self.field}: {self.problem}"
         return f"{text} (fix: {self.fix})" if self.fix else text
@@ -29,8 +49,15 @@ class InvalidRequest(TrainflowError, ValueError):
 
     def __init__(self, issues: Sequence[FieldIssue]) -> None:
         self.issues: tuple[FieldIssue, ...] = tuple(issues)
-        lines = [str(issue) for issue in self.issues]
-        super().__init__("invalid TrainJob request: " + "; ".join(lines))
+        text, shown = "invalid TrainJob request: ", 0
+        for issue in self.issues:
+            line = ("; " if shown else "") + str(issue)
+            if len(text) + len(line) > MAX_ERROR_CHARS - 40:
+                break
+            text, shown = text + line, shown + 1
+        if shown < len(self.issues):
+            text += f"{'; ' if shown else ''}... and {len(self.issues) - shown} more problem(s)"
+        super().__init__(text)
 
     @property
     def fields(self) -> list[str]:
@@ -140,13 +167,16 @@ class TrainJobFailed(TrainflowError):
         self.diagnostics = diagnostics or Diagnostics()
         parts = [f"TrainJob {result.namespace}/{result.name} failed"]
         if result.reason:
-            parts.append(f"reason={result.reason}")
+            parts.append(f"reason={clip(str(result.reason), MAX_FIELD_CHARS)}")
         if result.message:
-            parts.append(f"message={result.message}")
+            parts.append(f"message={clip(str(result.message), MAX_PROBLEM_CHARS)}")
         text = ": ".join([parts[0], ", ".join(parts[1:])]) if len(parts) > 1 else parts[0]
-        details = self.diagnostics.lines()
+        details = [clip(line, MAX_FIX_CHARS) for line in self.diagnostics.lines()[:20]]
         if details:
             text += "\n  " + "\n  ".join(details)
-        if self.diagnostics.log_tail:
-            text += "\n--- log tail ---\n" + self.diagnostics.log_tail
+        if self.diagnostics.log_tail:  # its end says most: keep that
+            tail = self.diagnostics.log_tail
+            text += "\n--- log tail ---\n" + (
+                tail if len(tail) <= MAX_ERROR_CHARS else "..." + tail[-MAX_ERROR_CHARS:]
+            )
         super().__init__(text)

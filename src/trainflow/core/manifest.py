@@ -7,7 +7,7 @@ from typing import Any
 
 from trainflow.core import initializers, torchtune
 from trainflow.core.errors import FieldIssue, InvalidRequest
-from trainflow.core.function_trainer import function_command
+from trainflow.core.function_trainer import encode_kwargs, function_command
 from trainflow.core.naming import (
     API_VERSION,
     ATTEMPT_LABEL,
@@ -204,20 +204,93 @@ def build_trainjob(
     if req.deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = req.deadline_seconds
     manifest = {"apiVersion": API_VERSION, "kind": "TrainJob", "metadata": metadata, "spec": spec}
-    _check_schema(manifest, own_patches=1 if own else 0)
+    _check_schema(manifest, req, own_patches=1 if own else 0)
     return manifest
 
 
-def _check_schema(manifest: dict[str, Any], own_patches: int) -> None:
-    """Hold the manifest to the CRD schema; raw runtime_patches entries are named as the user wrote them."""
+def _check_schema(manifest: dict[str, Any], req: TrainJobRequest, own_patches: int) -> None:
+    """Hold the manifest to the CRD schema; each error names the request field it came from."""
     issues = []
     for path, message in schema_errors(manifest):
-        field = path
-        match = _PATCH_PATH.match(path)
-        if match:
-            field = f"runtime_patches[{int(match['index']) - own_patches}]{match['rest']}"
         issues.append(
-            FieldIssue(field, message, "compare with the TrainJob CRD (trainer.kubeflow.org/v1alpha1)")
+            FieldIssue(
+                request_field(path, manifest, req, own_patches),
+                message,
+                "compare with the TrainJob CRD (trainer.kubeflow.org/v1alpha1)",
+            )
         )
     if issues:
         raise InvalidRequest(issues)
+
+
+_TRAINER_FIELDS = {
+    "image": "image",
+    "numNodes": "num_nodes",
+    "numProcPerNode": "proc_per_node",
+    "resourcesPerNode": "resources",
+}
+_POD_FIELDS = {
+    "nodeSelector": "node_selector",
+    "tolerations": "tolerations",
+    "imagePullSecrets": "image_pull_secrets",
+    "serviceAccountName": "service_account",
+    "volumes": "volumes",
+}
+_SPEC_FIELDS = {"activeDeadlineSeconds": "deadline_seconds", "suspend": "suspend", "runtimeRef": "runtime"}
+_INDEXED = re.compile(r"^\[(\d+)\](.*)$")
+_OWN_POD = re.compile(
+    r"^\.trainingRuntimeSpec\.template\.spec\.replicatedJobs\[\d+\]\.template\.spec\.template(?P<rest>.*)$"
+)
+
+
+def request_field(path: str, manifest: dict[str, Any], req: TrainJobRequest, own_patches: int) -> str:
+    """The request field (as the user wrote it) behind a manifest path such as ``spec.trainer.env[2].value``."""
+    if match := _PATCH_PATH.match(path):
+        index, rest = int(match["index"]), match["rest"]
+        if index >= own_patches:
+            return f"runtime_patches[{index - own_patches}]{rest}"
+        return _own_patch_field(rest)
+    if path.startswith("spec.trainer."):
+        return _trainer_field(path.removeprefix("spec.trainer."), manifest, req)
+    if path.startswith("spec.initializer."):
+        kind, _, rest = path.removeprefix("spec.initializer.").partition(".")
+        return f"{kind}_uri" if rest.startswith("storageUri") else f"{kind}_options"
+    head = path.removeprefix("spec.").split(".")[0].split("[")[0]
+    return _SPEC_FIELDS.get(head, path)
+
+
+def _own_patch_field(rest: str) -> str:
+    """A path inside the runtime patch trainflow writes for labels, annotations and pod settings."""
+    pod = _OWN_POD.match(rest)
+    inner = pod["rest"] if pod else rest.removeprefix(".trainingRuntimeSpec.template")
+    if inner.startswith(".metadata."):
+        return inner.removeprefix(".metadata.")
+    inner = inner.removeprefix(".spec.")
+    if inner.startswith("containers"):
+        mount = re.search(r"volumeMounts\[(\d+)\](.*)$", inner)
+        return f"volumes[{mount[1]}]" if mount else "volumes"
+    for key, field in _POD_FIELDS.items():
+        if inner.startswith(key):
+            return field + inner[len(key) :]
+    return "request"
+
+
+def _trainer_field(rest: str, manifest: dict[str, Any], req: TrainJobRequest) -> str:
+    trainer = (manifest.get("spec") or {}).get("trainer") or {}
+    head = re.split(r"[.\[]", rest, maxsplit=1)[0]
+    tail = rest[len(head) :]
+    if head in _TRAINER_FIELDS:
+        return _TRAINER_FIELDS[head] + tail
+    indexed = _INDEXED.match(tail)
+    if head == "env" and indexed:
+        item = (trainer.get("env") or [])[int(indexed[1])]
+        name = str(item.get("name"))
+        if name == OUTPUT_ENV:
+            return "output_uri"
+        return f"{'secret_env' if 'valueFrom' in item else 'env'}.{name}"
+    if head == "command" and req.function is not None:
+        item = (trainer.get("command") or [])[int(indexed[1])] if indexed else None
+        return "function_kwargs" if item == encode_kwargs(req.function_kwargs) else "function"
+    if head in ("command", "args"):
+        return head + tail
+    return head or "request"

@@ -27,6 +27,7 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 MAX_LIST = 128
 MAX_ARG_CHARS = 1_048_576
+MAX_REQUEST_CHARS = 1_572_864  # etcd's default object size limit (1.5 MiB): no bigger TrainJob can exist
 URI_CREDENTIALS = initializers.URI_CREDENTIALS
 STORAGE_URI = initializers.STORAGE_URI
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
@@ -50,6 +51,7 @@ def parse_request(data: Mapping[str, Any] | TrainJobRequest) -> TrainJobRequest:
     """Build a request from plain data; type errors become InvalidRequest naming each field."""
     if isinstance(data, TrainJobRequest):
         return data
+    check_expanded_size(data)
     try:
         return TrainJobRequest.model_validate(dict(data))
     except ValidationError as exc:
@@ -60,6 +62,38 @@ def parse_request(data: Mapping[str, Any] | TrainJobRequest) -> TrainJobRequest:
             if not any(issue.field == field for issue in issues):
                 issues.append(FieldIssue(field, err["msg"], fix))
         raise InvalidRequest(issues) from None
+
+
+def check_expanded_size(data: Mapping[str, Any], limit: int = MAX_REQUEST_CHARS) -> None:
+    """Refuse a request whose values, written out, exceed what one Kubernetes object can hold.
+
+    Counted without expanding anything, and stopped at the limit: a YAML alias bomb (a few hundred bytes
+    whose shared lists expand to gigabytes) is refused before pydantic or json.dumps copy it out.
+    """
+    budget = limit
+    known = [f for f in data if f in TrainJobRequest.model_fields]  # name a field the user meant first
+    for field in known + [f for f in data if f not in TrainJobRequest.model_fields]:
+        stack: list[Any] = [field, data[field]]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                budget -= len(item) + 2
+            elif isinstance(item, Mapping):
+                budget -= 2
+                for key, inner in item.items():
+                    stack += [key, inner]
+            elif isinstance(item, list | tuple):
+                budget -= 2
+                stack.extend(item)
+            else:
+                budget -= 8
+            if budget < 0:
+                raise InvalidRequest.one(
+                    str(field),
+                    f"expands to more than {limit // 1024} KiB of text (repeated YAML aliases?); "
+                    "a TrainJob must fit in one Kubernetes object",
+                    "write the value out without anchors and aliases, or pass large data as a file",
+                )
 
 
 def _field_path(data: Any, loc: tuple[int | str, ...]) -> str:
