@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainflow.core.errors import InvalidRequest
 from trainflow.core.result import JobState, TrainJobResult, result_from_trainjob
 
 CREATION_RECHECK_SECONDS = 30.0
@@ -31,7 +32,18 @@ UpdateCallback = Callable[[TrainJobResult], None]
 
 
 def resolve_deadline(timeout: float | None, deadline: float | None) -> float | None:
-    """A relative timeout and/or an absolute deadline (epoch seconds) as one absolute deadline."""
+    """A relative timeout and/or an absolute deadline (epoch seconds) as one absolute deadline.
+
+    A non-finite value (``nan`` never compares, ``inf`` never comes) or a negative timeout is a mistake:
+    refused rather than waiting forever.
+    """
+    for name, value in (("timeout", timeout), ("deadline", deadline)):
+        if value is not None and (not math.isfinite(value) or (name == "timeout" and value < 0)):
+            raise InvalidRequest.one(
+                name,
+                f"{value!r} is not a finite number of seconds" + (" >= 0" if name == "timeout" else ""),
+                "give a finite number of seconds, or None to wait without a limit",
+            )
     candidates = [d for d in (deadline, time.time() + timeout if timeout is not None else None) if d]
     return min(candidates) if candidates else None
 

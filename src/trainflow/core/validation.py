@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trainflow.core import initializers, patches, torchtune
+from trainflow.core import credentials, initializers, patches, torchtune
 from trainflow.core.errors import FieldIssue, InvalidRequest
 from trainflow.core.function_trainer import check_packages
 from trainflow.core.naming import (
@@ -42,9 +42,6 @@ TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 TOLERATION_OPERATORS = {"Exists", "Equal"}
 TOLERATION_EFFECTS = {"", "NoSchedule", "PreferNoSchedule", "NoExecute"}
 OUTPUT_ENV = "TRAINFLOW_OUTPUT_URI"
-_CREDENTIAL_NAME = re.compile(
-    r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIALS?)(_|$)", re.IGNORECASE
-)
 
 
 def parse_request(data: Mapping[str, Any] | TrainJobRequest) -> TrainJobRequest:
@@ -112,10 +109,6 @@ def _field_path(data: Any, loc: tuple[int | str, ...]) -> str:
         else:
             break
     return path or "request"
-
-
-def looks_like_credential(name: str) -> bool:
-    return bool(_CREDENTIAL_NAME.search(name))
 
 
 def max_name_length(runtime: Runtime, num_nodes: int) -> int:
@@ -266,14 +259,7 @@ def _check_env(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
             c.add(f"env.{name}", "value contains a NUL character, which no environment variable can hold")
     for name in set(req.env) & set(req.secret_env):
         c.add(f"env.{name}", "is also in secret_env", "keep it in one of them")
-    if not req.allow_plain_credentials:
-        for name in req.env:
-            if looks_like_credential(name):
-                c.add(
-                    f"env.{name}",
-                    "looks like a credential given as a plain value",
-                    f"use secret_env {{'{name}': 'secret-name/key'}}, or set allow_plain_credentials",
-                )
+    c.issues += credentials.check(req)
     for name, ref in req.secret_env.items():
         c.secret_ref(f"secret_env.{name}", ref)
 
