@@ -112,6 +112,15 @@ def test_ordinary_values_are_not_mistaken_for_credentials(backend: LocalBackend)
     backend.render({"function": "m:f", "function_kwargs": {"token_limit": 4096, "mask_token": "[MASK]"}})
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("unit", ["x", "a://"])
+def test_scanning_a_large_value_stays_linear(backend: LocalBackend, unit: str) -> None:
+    """A 512 KiB value is scanned in linear time: an unbounded scheme repeat took
+    minutes (quadratic backtracking) on a 200 KiB value."""
+    value = unit * (512 * 1024 // len(unit))
+    backend.render({"command": CMD, "env": {"DATA": value}, "args": [value[:4096]]})
+
+
 # --- request files and CLI values ------------------------------------------------------------------
 
 

@@ -20,8 +20,11 @@ _NAME = re.compile(
     r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIALS?)(_|$)|_(PASS|KEY)$",
     re.IGNORECASE,
 )
-# scheme://user:password@ anywhere in the text (also after "--dsn=" or inside a longer value)
-URL_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s:]*:[^/?#@\s]+@")
+# scheme://user:password@ anywhere in the text (also after "--dsn=" or inside a longer value); every repeat is
+# bounded so a long value (up to the request size cap) is scanned in linear time, not quadratic
+URL_USERINFO = re.compile(
+    r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{0,31}://[^/?#@\s:]{0,256}:[^/?#@\s]{1,256}@"
+)
 # Formats documented by their issuers (prefixes that cannot be an ordinary word), so matches are real tokens.
 TOKEN_SHAPES = (
     ("an AWS access key id", re.compile(r"\b(AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b")),
@@ -44,7 +47,7 @@ def looks_like_credential(name: str) -> bool:
 
 def credential_in(text: str) -> str | None:
     """What kind of credential ``text`` holds (URL userinfo, a known token shape), or None."""
-    if URL_USERINFO.search(text):
+    if "://" in text and URL_USERINFO.search(text):
         return "credentials in a URL (user:password@)"
     for what, shape in TOKEN_SHAPES:
         if shape.search(text):

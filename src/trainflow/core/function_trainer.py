@@ -154,6 +154,16 @@ def function_command(
     return [*install, *run]
 
 
+def argv_field(argv: Sequence[str], index: int) -> str | None:
+    """The request field behind ``argv[index]`` of a rendered function command (None: not a function's part)."""
+    for i, item in enumerate(argv):
+        if item == _INSTALL and index == i + 1:
+            return "packages_to_install"
+        if _CALL in item and index in (i, i + 1):
+            return "function" if index == i else "function_kwargs"
+    return None
+
+
 def check_packages(req: TrainJobRequest) -> list[FieldIssue]:
     """packages_to_install and pip_index_urls: a function trainer's, pip requirements, index URLs."""
     issues = []

@@ -187,6 +187,8 @@ def _check_trainer(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
                 c.add(f"{field}[{i}]", "contains a NUL character, which no process argument can hold")
     if req.command is not None and not req.command:
         c.add("command", "is empty", "omit it to use the runtime's command, or give argv")
+    elif req.command and not req.command[0].strip():
+        c.add("command[0]", "is empty: it must name the program to run", "e.g. python3")
     if req.function is not None and isinstance(req.function, str):
         from trainflow.core.function_trainer import FUNCTION_REF
 

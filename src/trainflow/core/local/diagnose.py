@@ -10,7 +10,7 @@ from trainflow.core.local import store
 
 LOG_TAIL_LINES = 30
 _GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")
-ENGINE_REASONS = ("SupervisorLost", "LocalEngineError", "StartError")
+ENGINE_REASONS = ("SupervisorLost", "LocalEngineError", "StartError", "SecretNotFound")
 
 
 def condense(lines: list[str], keep: int) -> list[str]:

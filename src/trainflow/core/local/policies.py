@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from trainflow.core.errors import FieldIssue, InvalidRequest
+from trainflow.core.local import limits
 
 if TYPE_CHECKING:
     from trainflow.core.runtimes import Runtime
@@ -215,6 +216,8 @@ def make_plan(
     num_nodes = int(trainer.get("numNodes") or runtime.default_num_nodes)
     if num_nodes < 1:
         raise InvalidRequest.one("num_nodes", f"{num_nodes} nodes", "use 1 or more")
+    env = [e for e in _env_entries(trainer, container, home) if e["name"] != OUTPUT_ENV]
+    limits.check(argv, len(command), env, home / "secrets", num_nodes)
     resources = _merged_resources(trainer, container)
     nproc: int = 1
     step = runtime.trainer_job_name
@@ -242,7 +245,6 @@ def make_plan(
     elif policy == "xgboost":
         nproc = _gpu_count(resources) or 1
     out_dir = output_dir_for(manifest, jobdir)
-    env = [e for e in _env_entries(trainer, container, home) if e["name"] != OUTPUT_ENV]
     workdir = container.get("workingDir")
     return {
         "version": 1,

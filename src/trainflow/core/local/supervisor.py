@@ -34,6 +34,14 @@ class _Stop(Exception):
 class StartError(Exception):
     """A node's command could not be started (not installed, not executable, bad working directory)."""
 
+    reason = "StartError"
+
+
+class SecretMissing(StartError):
+    """A secret file the plan refers to is gone (deleted after submit): named, never blamed on the command."""
+
+    reason = "SecretNotFound"
+
 
 class Node:
     """One local node: a process running the trainer command, its log, its exit."""
@@ -171,9 +179,15 @@ class Supervisor:
         for item in self.plan.get("env") or []:
             if "secret" in item:
                 ref = item["secret"]
-                env[item["name"]] = (
-                    (secrets / ref["name"] / ref["key"]).read_text(encoding="utf-8").rstrip("\n")
-                )
+                path = secrets / ref["name"] / ref["key"]
+                try:
+                    env[item["name"]] = path.read_text(encoding="utf-8").rstrip("\n")
+                except (OSError, UnicodeDecodeError) as exc:
+                    raise SecretMissing(
+                        f"secret_env.{item['name']}: secret {ref['name']}/{ref['key']} is not available "
+                        f"locally ({path}: {getattr(exc, 'strerror', None) or exc}); create the file holding "
+                        "the value (like a mounted Secret) and submit again"
+                    ) from None
             else:
                 env[item["name"]] = item["value"]
         env.update(policies.policy_env(self.plan, index, port))
@@ -193,11 +207,12 @@ class Supervisor:
         self.nodes = []
         for index in range(int(self.plan.get("launched_nodes", 1))):
             name = f"node-{index}" if step == "node" else step
+            env = self.child_env(index, port)
             log = open(self.job.log(name), "ab")  # noqa: SIM115 - closed when the node exits
             try:
                 proc = subprocess.Popen(
                     self.plan["argv"],
-                    env=self.child_env(index, port),
+                    env=env,
                     cwd=self.plan.get("cwd") or None,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -353,7 +368,7 @@ class Supervisor:
         except Exception as exc:
             self.stop_nodes()
             reason, text = (
-                ("StartError", str(exc))
+                (exc.reason, str(exc))
                 if isinstance(exc, StartError)
                 else ("LocalEngineError", f"{type(exc).__name__}: {exc}")
             )
