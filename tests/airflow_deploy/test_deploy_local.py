@@ -1,0 +1,122 @@
+"""TrainJobOperator in a real deployment on the local engine: DAG runs triggered over REST, waits deferred
+to the real triggerer process, and the triggerer and a worker killed mid-wait.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+from conftest import Deployment
+from rest import Airflow, wait_for
+from stack import start_component, stop_component, tagged
+
+pytestmark = pytest.mark.e2e
+
+DEFER = "tf_deploy_defer"
+WORKER = "tf_deploy_worker"
+
+
+def jobs_of(dep: Deployment, dag_id: str, run_id: str, task_id: str = "train", map_index: int = -1) -> list[Any]:
+    """The local engine's TrainJobs of one task instance (by the operator's identity label)."""
+    from trainflow.airflow.operators import idempotency_key
+    from trainflow.core.naming import KEY_LABEL, key_label
+
+    key = idempotency_key(dag_id, task_id, run_id, map_index)
+    return dep.local_backend().list(labels={KEY_LABEL: key_label(key)})  # type: ignore[no-any-return]
+
+
+def wait_running_job(dep: Deployment, dag_id: str, run_id: str, timeout: float = 180) -> Any:
+    def running() -> Any:
+        jobs = jobs_of(dep, dag_id, run_id)
+        return jobs[0] if len(jobs) == 1 and jobs[0].state.value == "Running" else None
+
+    return wait_for(running, timeout, f"the TrainJob of {dag_id}/{run_id} to run")
+
+
+def assert_complete_once(api: Airflow, dep: Deployment, dag_id: str, run_id: str, tries: int) -> dict[str, Any]:
+    """The run succeeded after ``tries`` tries, with exactly one TrainJob whose result is the XCom."""
+    run = api.wait_run(dag_id, run_id, timeout=420)
+    ti = api.ti(dag_id, run_id, "train")
+    assert run["state"] == "success", (run, ti, api.log(dag_id, run_id, "train", ti["try_number"]))
+    assert ti["try_number"] == tries, ti
+    jobs = jobs_of(dep, dag_id, run_id)
+    assert len(jobs) == 1, f"expected one TrainJob, found {[(j.name, j.state.value) for j in jobs]}"
+    result = api.xcom(dag_id, run_id, "train")
+    assert result["state"] == "Complete" and result["name"] == jobs[0].name, result
+    return result  # type: ignore[no-any-return]
+
+
+def test_deferral_through_the_real_triggerer(deployment: Deployment, api: Airflow, run_id: str) -> None:
+    api.trigger(DEFER, run_id, {"steps": 15, "step_seconds": 1.0})
+    deferred = api.wait_ti_state(DEFER, run_id, "train", {"deferred", "success", "failed"})
+    assert deferred["state"] == "deferred", deferred
+    result = assert_complete_once(api, deployment, DEFER, run_id, tries=1)
+    assert result["metrics"] == {"loss": 0.0704, "steps": 15.0}, result
+    log = api.log(DEFER, run_id, "train", 1)
+    # the trigger ran in the triggerer process and its lines are in the task log: state updates and
+    # rank 0's training output (stream_logs=True); then the task resumed on a worker
+    assert f"TrainJob {result['namespace']}/{result['name']}: Running" in log, log[-4000:]
+    assert "[node-0] step 15/15 loss 0.0704" in log, log[-4000:]
+    assert "Pausing task as DEFERRED" in log and "Complete in" in log, log[-4000:]
+
+
+def test_triggerer_killed_mid_wait_loses_nothing(deployment: Deployment, api: Airflow, run_id: str) -> None:
+    """SIGKILL the triggerer while it holds the trigger; the job completes while no triggerer runs; the
+    restarted triggerer takes the trigger over and reports the completion; nothing is submitted twice."""
+    api.trigger(DEFER, run_id, {"steps": 12, "step_seconds": 1.0})
+    assert api.wait_ti_state(DEFER, run_id, "train", {"deferred", "success", "failed"})["state"] == "deferred"
+    job = wait_running_job(deployment, DEFER, run_id)
+    wait_for(lambda: "step 2/12" in api.log(DEFER, run_id, "train", 1), 120, "the trigger to stream the log")
+    old = deployment.state["pids"]["triggerer"]
+    stop_component(deployment.root, "triggerer", sig=signal.SIGKILL, timeout=0)
+    assert not deployment.pids("triggerer")
+    done = wait_for(
+        lambda: (r := deployment.local_backend().get(job.ref)).state.terminal and r, 180, "the job to end"
+    )
+    assert done.state.value == "Complete"
+    assert api.ti(DEFER, run_id, "train")["state"] == "deferred"  # nobody reported it yet
+    new = start_component(deployment.root, "triggerer")
+    assert new != old
+    assert_complete_once(api, deployment, DEFER, run_id, tries=1)
+
+
+def _worker_processes(dep: Deployment, ti_id: str) -> list[int]:
+    """The LocalExecutor worker (the task's supervisor) and the task process running one task instance."""
+    found = []
+    for pid in tagged(dep.root):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                title = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if title in (f"airflow worker -- LocalExecutor: {ti_id}", f"airflow worker -- {ti_id}"):
+            found.append(pid)
+    return found
+
+
+def test_worker_killed_then_retry_reattaches(deployment: Deployment, api: Airflow, run_id: str) -> None:
+    """SIGKILL the worker (supervisor and task process) while it waits; the scheduler's heartbeat check fails
+    the try, and the retry reattaches to the still-running TrainJob instead of submitting another."""
+    api.trigger(WORKER, run_id, {"steps": 60, "step_seconds": 1.0})
+    ti = api.wait_ti_state(WORKER, run_id, "train", {"running", "success", "failed"})
+    assert ti["state"] == "running", ti
+    job = wait_running_job(deployment, WORKER, run_id)
+    procs = wait_for(lambda: len(p := _worker_processes(deployment, ti["id"])) == 2 and p, 60, "the worker processes")
+    for pid in procs:
+        os.kill(pid, signal.SIGKILL)
+    t_kill = time.monotonic()
+    assert deployment.local_backend().get(job.ref).state.value == "Running"  # the job outlives its waiter
+    second = wait_for(
+        lambda: (t := api.ti(WORKER, run_id, "train"))["try_number"] >= 2 and t["state"] == "running" and t,
+        240,
+        "the retry to start",
+    )
+    detected_after = time.monotonic() - t_kill
+    assert_complete_once(api, deployment, WORKER, run_id, tries=second["try_number"])
+    log = api.log(WORKER, run_id, "train", second["try_number"])
+    assert f"Reattaching to running TrainJob {job.namespace}/{job.name}" in log, log[-4000:]
+    print(f"worker kill detected and retried after {detected_after:.0f}s")
