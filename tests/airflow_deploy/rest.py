@@ -128,6 +128,11 @@ class Airflow:
         body = {"dry_run": False, "dag_run_id": run_id, "task_ids": task_ids, "only_failed": False}
         return self._call("POST", f"/dags/{dag_id}/clearTaskInstances", json=body)["task_instances"]  # type: ignore[no-any-return]
 
+    def set_ti_state(self, dag_id: str, run_id: str, task_id: str, state: str) -> None:
+        """What "Mark as failed/success" in the UI does."""
+        path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
+        self._call("PATCH", path, json={"new_state": state})
+
     def create_connection(self, conn_id: str, conn_type: str, extra: dict[str, Any]) -> None:
         import json
 

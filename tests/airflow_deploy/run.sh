@@ -47,27 +47,36 @@ stack_env=(
   --env "AIRFLOW_CONN_KUBEFLOW_TRAINER_DEFAULT=$(conn '{"backend": "local"}')"
   --env "AIRFLOW__TRAINFLOW__DASHBOARD_URL_TEMPLATE=https://kubeflow.example.com/trainer/{namespace}/trainjobs/{name}"
 )
+if [ "$SUITE" != floor ]; then
+  if [ -f "$TRAINFLOW_TESTBED_DIR/state.json" ] && "$PY" "$REPO/testbed/testbed.py" status --dir "$TRAINFLOW_TESTBED_DIR" >/dev/null 2>&1; then
+    say "using the running testbed at $TRAINFLOW_TESTBED_DIR"
+  else
+    started_testbed=1
+    bash "$REPO/testbed/up.sh"
+    say "testbed up"
+  fi
+  kubeconfig="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["kubeconfig"])' "$TRAINFLOW_TESTBED_DIR/state.json")"
+  stack_env+=(--env "AIRFLOW_CONN_TF_TESTBED=$(conn "{\"backend\": \"kubernetes\", \"kubeconfig_path\": \"$kubeconfig\"}")")
+fi
 case "$SUITE" in
   deploy)
-    if [ -f "$TRAINFLOW_TESTBED_DIR/state.json" ] && "$PY" "$REPO/testbed/testbed.py" status --dir "$TRAINFLOW_TESTBED_DIR" >/dev/null 2>&1; then
-      say "using the running testbed at $TRAINFLOW_TESTBED_DIR"
-    else
-      started_testbed=1
-      bash "$REPO/testbed/up.sh"
-      say "testbed up"
-    fi
-    kubeconfig="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["kubeconfig"])' "$TRAINFLOW_TESTBED_DIR/state.json")"
-    stack_env+=(--env "AIRFLOW_CONN_TF_TESTBED=$(conn "{\"backend\": \"kubernetes\", \"kubeconfig_path\": \"$kubeconfig\"}")")
+    stack_env+=(--env "AIRFLOW__OPENLINEAGE__DISABLED=True")
     tests=("$HERE/test_deploy_local.py" "$HERE/test_deploy_kube.py" "$HERE/test_ui.py")
     unit=(tests/airflow/test_airflow_provider.py tests/airflow/test_airflow_operator_unit.py
           tests/airflow/test_airflow_trigger.py tests/airflow/test_airflow_trigger_kube.py)
     ;;
   floor)
-    tests=("$HERE/test_floor.py")
+    tests=("$HERE/test_floor.py" "$HERE/test_deploy_local.py::test_deferral_through_the_real_triggerer"
+           "$HERE/test_deploy_local.py::test_marking_a_deferred_task_failed_deletes_its_trainjob")
     unit=(tests/airflow/test_airflow_provider.py tests/airflow/test_airflow_operator_unit.py
           tests/airflow/test_airflow_trigger.py)
     ;;
   conventions)
+    stack_env+=(
+      --env "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE=False"
+      --env "AIRFLOW_CONN_KUBERNETES_DEFAULT={\"conn_type\": \"kubernetes\", \"extra\": {\"kube_config_path\": \"$kubeconfig\"}}"
+      --env 'AIRFLOW__OPENLINEAGE__TRANSPORT={"type": "console"}'
+    )
     tests=("$HERE/test_conventions.py")
     unit=()
     ;;

@@ -120,3 +120,27 @@ def test_worker_killed_then_retry_reattaches(deployment: Deployment, api: Airflo
     log = api.log(WORKER, run_id, "train", second["try_number"])
     assert f"Reattaching to running TrainJob {job.namespace}/{job.name}" in log, log[-4000:]
     print(f"worker kill detected and retried after {detected_after:.0f}s")
+
+
+def test_marking_a_deferred_task_failed_deletes_its_trainjob(
+    deployment: Deployment, api: Airflow, run_id: str
+) -> None:
+    """A user marks the deferred task failed in the UI/REST: the triggerer cancels the trigger and the
+    TrainJob is deleted (on_kill_action="delete"), as a killed running task deletes its job."""
+    api.trigger(DEFER, run_id, {"steps": 120, "step_seconds": 1.0})
+    assert api.wait_ti_state(DEFER, run_id, "train", {"deferred", "success", "failed"})["state"] == "deferred"
+    job = wait_running_job(deployment, DEFER, run_id)
+    # the user acts once the trigger runs (before that, no trigger code runs that could delete the job)
+    running = f"TrainJob {job.namespace}/{job.name}: Running"
+    wait_for(lambda: running in api.log(DEFER, run_id, "train", 1), 120, "the trigger to start")
+    api.set_ti_state(DEFER, run_id, "train", "failed")
+    from trainflow.core.errors import TrainJobNotFound
+
+    def deleted() -> bool:
+        try:
+            return deployment.local_backend().get(job.ref).state.terminal
+        except TrainJobNotFound:
+            return True
+
+    wait_for(deleted, 120, f"TrainJob {job.name} to be deleted after the task was marked failed")
+    assert api.ti(DEFER, run_id, "train")["state"] == "failed"

@@ -15,7 +15,7 @@ export UV_CACHE_DIR="${UV_CACHE_DIR:-$HOME/.cache/uv}"
 
 if [ "${2:-}" = "--compile" ]; then
   # The floor resolves as of its release: its constraints file is not reachable from here.
-  declare -A EXCLUDE_NEWER=([3.0]=2025-09-15)
+  declare -A EXCLUDE_NEWER=([3.0]=2025-09-15 [3.2]=2026-06-15)
   extra=()
   [ -n "${EXCLUDE_NEWER[$VERSION]:-}" ] && extra=(--exclude-newer "${EXCLUDE_NEWER[$VERSION]}")
   (cd "$REPO" && "$UV" pip compile -q -p 3.11 "${extra[@]}" "tests/airflow_deploy/$REQ_IN" \
