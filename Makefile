@@ -6,7 +6,8 @@ VENV := .venv
 RUN := $(UV) run --frozen --extra dev --no-sync
 PYTEST_FLAGS ?= -q
 
-.PHONY: setup demo test test-fast test-k8s37 reliability-long lint typecheck fmt components check-components e2e bench bench-full clean
+.PHONY: setup demo test test-fast test-k8s37 reliability-long lint typecheck fmt components check-components e2e \
+	e2e-airflow test-airflow-floor e2e-airflow-conventions bench bench-full clean
 
 include testbed/testbed.mk
 
@@ -56,7 +57,23 @@ reliability-long: setup
 	  RELIABILITY_DRY_RUN_EXAMPLES=50000 RELIABILITY_SEED=random RELIABILITY_LOAD_JOBS=500 \
 	  $(RUN) pytest -m e2e tests/reliability $(PYTEST_FLAGS)
 
-test: lint typecheck check-components test-fast test-k8s37 e2e
+# A real Airflow deployment (tests/airflow_deploy/run.sh): Postgres + scheduler (LocalExecutor) + triggerer +
+# dag-processor + api-server on loopback, on the newest Airflow in its own venv; DAGs triggered over REST on the
+# local engine and on the testbed; the UI in Debian's Chromium; then the provider's tests in that venv.
+AIRFLOW_NEWEST := 3.3
+e2e-airflow: setup
+	bash tests/airflow_deploy/run.sh --airflow $(AIRFLOW_NEWEST) --suite deploy
+
+# The provider on the oldest Airflow pyproject.toml allows, in its own venv and deployment.
+AIRFLOW_FLOOR ?= 3.0
+test-airflow-floor: setup
+	bash tests/airflow_deploy/run.sh --airflow $(AIRFLOW_FLOOR) --suite floor
+
+# What Airflow users expect of the provider and it does not do yet (tests/airflow_deploy/test_conventions.py).
+e2e-airflow-conventions: setup
+	bash tests/airflow_deploy/run.sh --airflow $(AIRFLOW_NEWEST) --suite conventions
+
+test: lint typecheck check-components test-fast test-k8s37 e2e e2e-airflow
 
 # Benchmarks against the peers measured in the same run, on their own testbed instance.
 BENCH_TESTBED := TRAINFLOW_TESTBED_DIR=$${TRAINFLOW_BENCH_TESTBED_DIR:-/tmp/trainflow-bench-run} \
