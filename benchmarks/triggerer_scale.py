@@ -1,7 +1,7 @@
 """N deferred tasks held by one real ``airflow triggerer`` process: TrainJobTrigger vs cncf.kubernetes'
 KubernetesJobTrigger (what ``KubernetesJobOperator(deferrable=True)`` defers to), same run, same API server.
 
-Deployment: Postgres + api-server + one triggerer (tests/airflow_deploy/stack.py), no scheduler, so fired
+Deployment: Postgres + api-server + one triggerer (tests/airflow_deploy/airflow_stack.py), no scheduler, so fired
 tasks are not resumed and only the triggerer works. Per implementation, N objects the controllers leave alone
 (``spec.managedBy: kueue.x-k8s.io/multikueue``: TrainJobs, resp. batch/v1 Jobs) get a "running" status written
 by the benchmark; a DAG of N tasks is triggered and its task instances are put in the deferred state with their
@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -33,11 +34,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests" / "airflow_deploy"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "airflow_deploy"))
 import _bench as B
-import stack
+import airflow_stack
+
+HERE = Path(__file__).resolve().parent
 
 RESOURCES = frozenset({"trainjobs", "jobs", "pods", "events", "trainingruntimes", "clustertrainingruntimes"})
 DAGS = {"trainflow": "tf_bench_trainjob", "cncf": "tf_bench_kubejob"}
@@ -97,7 +99,7 @@ def inject(dag_id: str, run_id: str, impl: str, namespace: str, kubeconfig: str)
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.trigger import Trigger
-    from airflow.utils import timezone
+    from airflow.sdk import timezone
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState, TaskInstanceState
 
@@ -126,9 +128,10 @@ def inject(dag_id: str, run_id: str, impl: str, namespace: str, kubeconfig: str)
         run = session.query(DagRun).filter_by(dag_id=dag_id, run_id=run_id).one()
         run.state, run.start_date = DagRunState.RUNNING, now
         tis = session.query(TaskInstance).filter_by(dag_id=dag_id, run_id=run_id).all()
+        assert len(tis) > 1 and all(ti.map_index >= 0 for ti in tis), "the mapped task was not expanded"
         rows = []
         for ti in tis:
-            classpath, kwargs = trigger(int(ti.task_id.split("_")[1])).serialize()
+            classpath, kwargs = trigger(ti.map_index).serialize()
             rows.append((ti, Trigger(classpath=classpath, kwargs=kwargs)))
         session.add_all([t for _, t in rows])
         session.flush()
@@ -164,16 +167,34 @@ def runner_pid(pids: list[int]) -> int:
     return max(pids, key=lambda p: B.status_kib(p, "VmRSS")) if pids else 0
 
 
+def loop_stalls(log: Path, offset: int) -> dict[str, float]:
+    """What this triggerer reported: event-loop stalls of the runner, heartbeat gaps of the supervisor."""
+    import re
+
+    with open(log, "rb") as fh:
+        fh.seek(offset)
+        text = fh.read().decode(errors="replace")
+    blocked = [float(x) for x in re.findall(r"async thread was blocked for ([0-9.]+) seconds", text)]
+    gaps = [float(x) for x in re.findall(r"Heartbeat recovered after ([0-9.]+) seconds", text)]
+    return {
+        "loop_blocked_max_s": max(blocked, default=0.0),
+        "loop_blocked_total_s": round(sum(blocked), 1),
+        "heartbeat_gap_max_s": max(gaps, default=0.0),
+    }
+
+
 class Deferred:
     """Polls the metadata DB: when each task instance of a run left the deferred state (the trigger fired)."""
 
     def __init__(self, port: int, dag_id: str, run_id: str) -> None:
         import psycopg2
 
-        self.db = psycopg2.connect(host="127.0.0.1", port=port, user="airflow", password="airflow", dbname="airflow")
+        self.db = psycopg2.connect(
+            host="127.0.0.1", port=port, user="airflow", password="airflow", dbname="airflow"
+        )
         self.db.autocommit = True
         self.dag_id, self.run_id = dag_id, run_id
-        self.left: dict[str, float] = {}
+        self.left: dict[int, float] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
         self.thread.start()
@@ -182,12 +203,12 @@ class Deferred:
         cur = self.db.cursor()
         while not self.stop.is_set():
             cur.execute(
-                "SELECT task_id FROM task_instance WHERE dag_id=%s AND run_id=%s AND state <> 'deferred'",
+                "SELECT map_index FROM task_instance WHERE dag_id=%s AND run_id=%s AND state <> 'deferred'",
                 (self.dag_id, self.run_id),
             )
             t = time.time()
-            for (task_id,) in cur.fetchall():
-                self.left.setdefault(task_id, t)
+            for (index,) in cur.fetchall():
+                self.left.setdefault(index, t)
             self.stop.wait(0.05)
 
     def close(self) -> None:
@@ -197,7 +218,7 @@ class Deferred:
 
 
 def measure(impl: str, args: argparse.Namespace, root: Path, api: Any) -> dict[str, Any]:
-    state = stack.load(root)
+    state = airflow_stack.load(root)
     n, dag_id = args.n, DAGS[impl]
     namespace = f"bench-trig-{impl}-{uuid.uuid4().hex[:5]}"
     names = [f"bench-{i:05d}" for i in range(n)]
@@ -208,30 +229,36 @@ def measure(impl: str, args: argparse.Namespace, root: Path, api: Any) -> dict[s
         create_jobs(api, namespace, names)
     B.parallel(lambda name: write_status(api, impl, namespace, name, "running"), names)
     run_id = f"bench-{impl}-{uuid.uuid4().hex[:6]}"
-    out = stack.airflow_cli(state, "dags", "trigger", dag_id, "--run-id", run_id)
+    out = airflow_stack.airflow_cli(state, "dags", "trigger", dag_id, "--run-id", run_id)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    env = {**stack.process_env(state), "TF_BENCH_TRIGGERER_N": str(n)}
+    env = {**airflow_stack.process_env(state), "TF_BENCH_TRIGGERER_N": str(n)}
     subprocess.run(
-        [sys.executable, __file__, "inject", dag_id, run_id, impl, namespace, args.kubeconfig], env=env, check=True
+        [sys.executable, __file__, "inject", dag_id, run_id, impl, namespace, args.kubeconfig],
+        env=env,
+        check=True,
     )
     before = B.request_counts(api)  # idle baseline: the objects exist, nothing waits on them
     time.sleep(args.baseline)
     base = B.delta(B.request_counts(api), before)
     t_start = time.time()
-    stack.start_component(root, "triggerer")
+    log_file = root / "logs" / "triggerer.log"
+    log_offset = log_file.stat().st_size if log_file.exists() else 0
+    airflow_stack.start_component(root, "triggerer")
     logs = Path(state["env"]["AIRFLOW_HOME"]) / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
 
     def started() -> bool:
-        return len(list(logs.glob("task_id=*/attempt=1.log.trigger.*.log"))) >= n
+        return len(list(logs.glob("task_id=wait/map_index=*/attempt=1.log.trigger.*.log"))) >= n
 
     deadline = time.time() + args.start_timeout
     while not started():
-        assert time.time() < deadline, f"only {len(list(logs.glob('task_id=*/*.trigger.*')))} of {n} triggers started"
-        assert stack.component_pids(root, "triggerer"), stack.tail(root, "triggerer")
+        assert time.time() < deadline, (
+            f"only {len(list(logs.glob('task_id=wait/map_index=*/*.trigger.*')))} of {n} triggers started"
+        )
+        assert airflow_stack.component_pids(root, "triggerer"), airflow_stack.tail(root, "triggerer")
         time.sleep(0.5)
     startup = time.time() - t_start
     time.sleep(max(args.warmup, POLL_INTERVAL + 2))
-    pids = stack.component_pids(root, "triggerer")
+    pids = airflow_stack.component_pids(root, "triggerer")
     runner = runner_pid(pids)
     port = B.server_port(api)
     c0, r0, w0 = group_cpu(pids), B.request_counts(api), time.time()
@@ -250,9 +277,9 @@ def measure(impl: str, args: argparse.Namespace, root: Path, api: Any) -> dict[s
 
     deferred = Deferred(state["ports"]["postgres"], dag_id, run_id)
     sample = random.Random(7).sample(range(n), min(args.sample, n))
-    sent: dict[str, float] = {}
+    sent: dict[int, float] = {}
     for i in sample:
-        sent[f"wait_{i:05d}"] = time.time()
+        sent[i] = time.time()
         write_status(api, impl, namespace, names[i], "complete")
         time.sleep(0.05)
     end = time.time() + 120
@@ -269,14 +296,19 @@ def measure(impl: str, args: argparse.Namespace, root: Path, api: Any) -> dict[s
     drain = (max(deferred.left.values()) - last_write) if drained == n else float("nan")
     deferred.close()
     hwm = B.status_kib(runner, "VmHWM") / 1024
-    stack.stop_component(root, "triggerer")
+    stalls = loop_stalls(log_file, log_offset)
+    airflow_stack.stop_component(root, "triggerer")
     B.delete_namespace(api, namespace)
     return {
         "impl": impl,
         "n": n,
         "startup_s": round(startup, 1),
         "requests_per_min": round(per_min, 1),
-        "requests": B.breakdown(d) if impl else {},
+        "requests": {
+            f"{verb} {res}{'/' + sub if sub else ''}": int(v)
+            for (verb, res, sub), v in sorted(d.items(), key=lambda kv: -kv[1])
+            if res in RESOURCES
+        },
         "cpu_pct": round(100 * (c1 - c0) / (w1 - w0), 1),
         "pss_mib": round(pss, 1),
         "runner_rss_mib": round(rss_runner, 1),
@@ -287,6 +319,7 @@ def measure(impl: str, args: argparse.Namespace, root: Path, api: Any) -> dict[s
         "p99_s": round(B.percentile(latencies, 0.99), 2),
         "burst_drain_s": round(drain, 1),
         "drained": f"{drained}/{n}",
+        **stalls,
     }
 
 
@@ -302,15 +335,24 @@ def main() -> int:
     p.add_argument("--sample", type=int, default=200)
     p.add_argument("--start-timeout", type=float, default=900)
     p.add_argument("--impls", default="trainflow,cncf")
-    p.add_argument("--dir", type=Path, default=Path(os.environ.get("TRAINFLOW_BENCH_AIRFLOW_DIR", "/tmp/trainflow-bench-airflow")))
-    p.add_argument("--port-base", type=int, default=int(os.environ.get("TRAINFLOW_BENCH_AIRFLOW_PORT_BASE", "27470")))
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=Path(os.environ.get("TRAINFLOW_BENCH_AIRFLOW_DIR", "/tmp/trainflow-bench-airflow")),
+    )
+    p.add_argument(
+        "--port-base", type=int, default=int(os.environ.get("TRAINFLOW_BENCH_AIRFLOW_PORT_BASE", "27470"))
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     args.kubeconfig = B.kubeconfig_path()
     root = args.dir.resolve()
     extra = {
         "AIRFLOW_CONN_KUBEFLOW_TRAINER_DEFAULT": json.dumps(
-            {"conn_type": "kubeflow_trainer", "extra": {"backend": "kubernetes", "kubeconfig_path": args.kubeconfig}}
+            {
+                "conn_type": "kubeflow_trainer",
+                "extra": {"backend": "kubernetes", "kubeconfig_path": args.kubeconfig},
+            }
         ),
         "AIRFLOW_CONN_KUBERNETES_DEFAULT": json.dumps(
             {"conn_type": "kubernetes", "extra": {"kube_config_path": args.kubeconfig}}
@@ -320,17 +362,20 @@ def main() -> int:
         "TF_BENCH_TRIGGERER_N": str(args.n),
     }
     api = B.api_client(args.kubeconfig)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the deployment on the way out
     results = []
     try:
-        state = stack.up(root, Path(sys.prefix), HERE / "dags", args.port_base, extra, components=("api-server",))
-        out = stack.airflow_cli(state, "dags", "reserialize", timeout=900)
+        state = airflow_stack.up(
+            root, Path(sys.prefix), HERE / "dags", args.port_base, extra, components=("api-server",)
+        )
+        out = airflow_stack.airflow_cli(state, "dags", "reserialize", timeout=900)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         for impl in args.impls.split(","):
             print(f"--- {impl}: {args.n} deferred tasks", file=sys.stderr, flush=True)
             results.append(measure(impl, args, root, api))
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     finally:
-        stack.down(root)
+        airflow_stack.down(root)
     report(results, args)
     return 0
 

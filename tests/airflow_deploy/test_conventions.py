@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Deployment, Testbed
-from rest import Airflow, wait_for
+from airflow_deployment import DEFER, Deployment, Testbed, assert_complete_once, jobs_of
+from airflow_rest import Airflow, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -33,7 +33,9 @@ def _operator(**kwargs: Any) -> Any:
 # -- deferral and task logs --------------------------------------------------------------------------------
 
 
-def test_default_deferrable_follows_the_airflow_setting(deployment: Deployment, api: Airflow, run_id: str) -> None:
+def test_default_deferrable_follows_the_airflow_setting(
+    deployment: Deployment, api: Airflow, run_id: str
+) -> None:
     """With ``[operators] default_deferrable = False`` (Airflow's default) an operator given no ``deferrable``
     waits on its worker, as cncf.kubernetes operators do: a deployment without a triggerer still works."""
     assert deployment.state["env"]["AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE"] == "False"
@@ -61,6 +63,32 @@ def test_task_log_shows_training_output_by_default(deployment: Deployment, api: 
     assert api.ti("tf_conv_defaults", run_id, "train")["state"] in ("running", "deferred")
 
 
+def test_streaming_triggers_do_not_block_other_completions(
+    deployment: Deployment, api: Airflow, run_id: str
+) -> None:
+    """Log streaming must not hold the triggerer's shared thread pool: with more streaming jobs running than the
+    event loop's default executor has threads (cpu_count + 4), a short job's completion is still reported."""
+    import os
+
+    long_runs = [f"{run_id}-long{i}" for i in range(min(32, (os.cpu_count() or 1) + 4) + 1)]
+    for rid in long_runs:
+        api.trigger(DEFER, rid, {"steps": 600, "step_seconds": 1.0})
+    for rid in long_runs:
+        assert (
+            api.wait_ti_state(DEFER, rid, "train", {"deferred", "success", "failed"})["state"] == "deferred"
+        )
+    short = f"{run_id}-short"
+    api.trigger(DEFER, short, {"steps": 15, "step_seconds": 1.0})
+    ti = wait_for(
+        lambda: (t := api.ti(DEFER, short, "train"))["state"] in ("success", "failed") and t,
+        180,
+        "the short job's task to finish while the long ones stream",
+    )
+    assert ti["state"] == "success", api.log(DEFER, short, "train", 1)[-3000:]
+    log = api.log(DEFER, short, "train", 1)
+    assert "[node-0] step 1/15" in log and "[node-0] step 15/15" in log, log[-3000:]
+
+
 # -- rerun semantics ---------------------------------------------------------------------------------------
 
 
@@ -70,14 +98,16 @@ def test_clear_reruns_the_training(deployment: Deployment, api: Airflow, run_id:
     This is what clearing means to an Airflow user and what KubernetesPodOperator does (a finished pod is
     labelled ``already_checked`` and a clear starts a new one); a retry after a crash still reattaches.
     """
-    from test_deploy_local import DEFER, assert_complete_once, jobs_of
-
     api.trigger(DEFER, run_id, {"steps": 15, "step_seconds": 1.0})
     first = assert_complete_once(api, deployment, DEFER, run_id, tries=1)
     cleared = api.clear(DEFER, run_id, ["train"])
     assert [t["task_id"] for t in cleared] == ["train"], cleared
     ti = wait_for(
-        lambda: (t := api.ti(DEFER, run_id, "train"))["try_number"] == 2 and t["state"] in ("success", "failed") and t,
+        lambda: (
+            (t := api.ti(DEFER, run_id, "train"))["try_number"] == 2
+            and t["state"] in ("success", "failed")
+            and t
+        ),
         300,
         "the cleared task to run again",
     )
@@ -98,7 +128,9 @@ def _dataset(deployment: Deployment, run_id: str) -> Path:
     return root
 
 
-def test_task_trainjob_returns_the_function_return_value(deployment: Deployment, api: Airflow, run_id: str) -> None:
+def test_task_trainjob_returns_the_function_return_value(
+    deployment: Deployment, api: Airflow, run_id: str
+) -> None:
     """``@task.trainjob`` hands the function's return value downstream, as ``@task.kubernetes`` does; the
     TrainJobResult stays available beside it (XCom ``trainjob_result``)."""
     api.trigger("tf_conv_decorator", run_id)
@@ -118,7 +150,9 @@ def test_dataset_and_output_uris_are_assets(deployment: Deployment, api: Airflow
     assert [e["uri"] for e in events] == [output], events
 
 
-def test_openlineage_events_name_the_dataset_and_the_model(deployment: Deployment, api: Airflow, run_id: str) -> None:
+def test_openlineage_events_name_the_dataset_and_the_model(
+    deployment: Deployment, api: Airflow, run_id: str
+) -> None:
     """With the OpenLineage provider installed (console transport), the task's COMPLETE event has the
     dataset as input and the model as output."""
     root = _dataset(deployment, run_id)
@@ -126,7 +160,9 @@ def test_openlineage_events_name_the_dataset_and_the_model(deployment: Deploymen
     api.trigger("tf_conv_assets", run_id, {"dataset": dataset, "output": output})
     assert api.wait_run("tf_conv_assets", run_id, timeout=300)["state"] == "success"
     log = api.log("tf_conv_assets", run_id, "train", 1)
-    complete = [line for line in log.splitlines() if '"eventType": "COMPLETE"' in line or "eventType=COMPLETE" in line]
+    complete = [
+        line for line in log.splitlines() if '"eventType": "COMPLETE"' in line or "eventType=COMPLETE" in line
+    ]
     assert complete, log[-4000:]
     assert str(root / "data") in complete[-1] and str(root / "model") in complete[-1], complete[-1][:2000]
 
@@ -198,7 +234,11 @@ def test_every_operator_argument_is_in_the_parameter_reference() -> None:
 
     text = README.read_text()
     rows = {m.group(1): m.group(0) for m in re.finditer(r"^\|\s*`([a-z_]+)`\s*\|.*$", text, re.M)}
-    params = [p for p in inspect.signature(TrainJobOperator.__init__).parameters.values() if p.kind == p.KEYWORD_ONLY]
+    params = [
+        p
+        for p in inspect.signature(TrainJobOperator.__init__).parameters.values()
+        if p.kind == p.KEYWORD_ONLY
+    ]
     missing = [p.name for p in params if p.name not in rows]
     assert not missing, f"not in the parameter reference: {missing}"
     for name in TrainJobOperator.template_fields:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import Deployment, Testbed
-from rest import Airflow, wait_for
+from airflow_deployment import Deployment, Testbed
+from airflow_rest import Airflow, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -19,7 +19,11 @@ def trainjobs_of(testbed: Testbed, namespace: str, run_id: str) -> list[dict[str
     from trainflow.core.naming import label_value
 
     wanted = label_value(run_id)
-    return [j for j in testbed.trainjobs(namespace) if j["metadata"]["labels"].get(f"{AIRFLOW_LABEL}run-id") == wanted]
+    return [
+        j
+        for j in testbed.trainjobs(namespace)
+        if j["metadata"]["labels"].get(f"{AIRFLOW_LABEL}run-id") == wanted
+    ]
 
 
 def test_deferred_trainjob_on_the_cluster(
@@ -40,7 +44,9 @@ def test_deferred_trainjob_on_the_cluster(
     assert conditions.get("Complete") == "True", jobs[0]["status"]
 
 
-def test_mapped_sweep_of_20(deployment: Deployment, api: Airflow, testbed: Testbed, namespace: str, run_id: str) -> None:
+def test_mapped_sweep_of_20(
+    deployment: Deployment, api: Airflow, testbed: Testbed, namespace: str, run_id: str
+) -> None:
     """20 mapped tasks, each its own TrainJob (map index in its identity), all waiting in the triggerer."""
     api.trigger("tf_deploy_sweep", run_id, {"namespace": namespace, "delay": "20s"})
     seen_deferred: set[int] = set()
@@ -48,7 +54,9 @@ def test_mapped_sweep_of_20(deployment: Deployment, api: Airflow, testbed: Testb
 
     def finished() -> dict[str, Any] | None:
         nonlocal most_at_once
-        deferred = {t["map_index"] for t in api.task_instances("tf_deploy_sweep", run_id) if t["state"] == "deferred"}
+        deferred = {
+            t["map_index"] for t in api.task_instances("tf_deploy_sweep", run_id) if t["state"] == "deferred"
+        }
         seen_deferred.update(deferred)
         most_at_once = max(most_at_once, len(deferred))
         run = api.run("tf_deploy_sweep", run_id)

@@ -7,47 +7,15 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any
 
 import pytest
-from conftest import Deployment
-from rest import Airflow, wait_for
-from stack import start_component, stop_component, tagged
+from airflow_deployment import DEFER, Deployment, assert_complete_once, wait_running_job
+from airflow_rest import Airflow, wait_for
+from airflow_stack import start_component, stop_component, tagged
 
 pytestmark = pytest.mark.e2e
 
-DEFER = "tf_deploy_defer"
 WORKER = "tf_deploy_worker"
-
-
-def jobs_of(dep: Deployment, dag_id: str, run_id: str, task_id: str = "train", map_index: int = -1) -> list[Any]:
-    """The local engine's TrainJobs of one task instance (by the operator's identity label)."""
-    from trainflow.airflow.operators import idempotency_key
-    from trainflow.core.naming import KEY_LABEL, key_label
-
-    key = idempotency_key(dag_id, task_id, run_id, map_index)
-    return dep.local_backend().list(labels={KEY_LABEL: key_label(key)})  # type: ignore[no-any-return]
-
-
-def wait_running_job(dep: Deployment, dag_id: str, run_id: str, timeout: float = 180) -> Any:
-    def running() -> Any:
-        jobs = jobs_of(dep, dag_id, run_id)
-        return jobs[0] if len(jobs) == 1 and jobs[0].state.value == "Running" else None
-
-    return wait_for(running, timeout, f"the TrainJob of {dag_id}/{run_id} to run")
-
-
-def assert_complete_once(api: Airflow, dep: Deployment, dag_id: str, run_id: str, tries: int) -> dict[str, Any]:
-    """The run succeeded after ``tries`` tries, with exactly one TrainJob whose result is the XCom."""
-    run = api.wait_run(dag_id, run_id, timeout=420)
-    ti = api.ti(dag_id, run_id, "train")
-    assert run["state"] == "success", (run, ti, api.log(dag_id, run_id, "train", ti["try_number"]))
-    assert ti["try_number"] == tries, ti
-    jobs = jobs_of(dep, dag_id, run_id)
-    assert len(jobs) == 1, f"expected one TrainJob, found {[(j.name, j.state.value) for j in jobs]}"
-    result = api.xcom(dag_id, run_id, "train")
-    assert result["state"] == "Complete" and result["name"] == jobs[0].name, result
-    return result  # type: ignore[no-any-return]
 
 
 def test_deferral_through_the_real_triggerer(deployment: Deployment, api: Airflow, run_id: str) -> None:
@@ -105,7 +73,9 @@ def test_worker_killed_then_retry_reattaches(deployment: Deployment, api: Airflo
     ti = api.wait_ti_state(WORKER, run_id, "train", {"running", "success", "failed"})
     assert ti["state"] == "running", ti
     job = wait_running_job(deployment, WORKER, run_id)
-    procs = wait_for(lambda: len(p := _worker_processes(deployment, ti["id"])) == 2 and p, 60, "the worker processes")
+    procs = wait_for(
+        lambda: len(p := _worker_processes(deployment, ti["id"])) == 2 and p, 60, "the worker processes"
+    )
     for pid in procs:
         os.kill(pid, signal.SIGKILL)
     t_kill = time.monotonic()

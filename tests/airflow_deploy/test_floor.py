@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import Deployment
-from rest import Airflow
+from airflow_deployment import Deployment
+from airflow_rest import Airflow
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +35,14 @@ def test_this_is_the_declared_floor() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["TrainJobOperator", "TrainJobSensor", "TrainJobHook", "TrainJobTrigger", "trainjob_task", "DeleteTrainJobOperator"],
+    [
+        "TrainJobOperator",
+        "TrainJobSensor",
+        "TrainJobHook",
+        "TrainJobTrigger",
+        "trainjob_task",
+        "DeleteTrainJobOperator",
+    ],
 )
 def test_provider_imports(name: str) -> None:
     module = importlib.import_module("trainflow.airflow")
@@ -55,5 +62,9 @@ def test_connection_form_fields_on_the_floor(api: Airflow) -> None:
     """Airflow 3.0/3.1 build the form from the hook's get_connection_form_widgets (conn-fields is 3.2+)."""
     meta = {m["connection_type"]: m for m in api.hook_meta()}
     assert "kubeflow_trainer" in meta, sorted(meta)
-    fields = {k.removeprefix("extra__kubeflow_trainer__") for k in meta["kubeflow_trainer"]["extra_fields"] or {}}
-    assert {"backend", "kubeconfig_path", "kubeconfig", "context", "namespace", "in_cluster"} <= fields, fields
+    fields = {
+        k.removeprefix("extra__kubeflow_trainer__") for k in meta["kubeflow_trainer"]["extra_fields"] or {}
+    }
+    assert {"backend", "kubeconfig_path", "kubeconfig", "context", "namespace", "in_cluster"} <= fields, (
+        fields
+    )

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Deployment
-from rest import Airflow, wait_for
+from airflow_deployment import Deployment
+from airflow_rest import Airflow, wait_for
 
 pytestmark = pytest.mark.e2e
 

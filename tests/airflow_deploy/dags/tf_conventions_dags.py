@@ -24,12 +24,19 @@ def train_steps(steps: int = 5, step_seconds: float = 1.0) -> None:
 
 
 with DAG(
-    "tf_conv_defaults", schedule=None, start_date=START, params={"steps": 20}, render_template_as_native_obj=True
+    "tf_conv_defaults",
+    schedule=None,
+    start_date=START,
+    params={"steps": 20},
+    render_template_as_native_obj=True,
 ):
     # no deferrable, no stream_logs: the deployment's [operators] default_deferrable and the provider's
     # defaults decide
     TrainJobOperator(
-        task_id="train", runtime=RUNTIME, function=train_steps, function_kwargs={"steps": "{{ params.steps }}"}
+        task_id="train",
+        runtime=RUNTIME,
+        function=train_steps,
+        function_kwargs={"steps": "{{ params.steps }}"},
     )
 
 with DAG("tf_conv_decorator", schedule=None, start_date=START):

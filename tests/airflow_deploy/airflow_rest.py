@@ -72,7 +72,9 @@ class Airflow:
         out: list[dict[str, Any]] = []
         while True:
             page = self._call(
-                "GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100, "offset": len(out)}
+                "GET",
+                f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances",
+                params={"limit": 100, "offset": len(out)},
             )
             out += page["task_instances"]
             if not page["task_instances"] or len(out) >= page["total_entries"]:
@@ -93,7 +95,9 @@ class Airflow:
 
         return wait_for(reached, timeout, f"{dag_id}/{run_id}/{task_id} in {states}", interval=0.5)
 
-    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value", map_index: int = -1) -> Any:
+    def xcom(
+        self, dag_id: str, run_id: str, task_id: str, key: str = "return_value", map_index: int = -1
+    ) -> Any:
         path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}"
         params: dict[str, Any] = {"deserialize": True, "stringify": False}
         if map_index >= 0:
@@ -138,7 +142,9 @@ class Airflow:
 
         self.http.delete(f"/connections/{conn_id}")
         self._call(
-            "POST", "/connections", json={"connection_id": conn_id, "conn_type": conn_type, "extra": json.dumps(extra)}
+            "POST",
+            "/connections",
+            json={"connection_id": conn_id, "conn_type": conn_type, "extra": json.dumps(extra)},
         )
 
     def hook_meta(self) -> list[dict[str, Any]]:

@@ -1,9 +1,9 @@
 """A real Airflow 3 deployment on loopback: Postgres plus scheduler (LocalExecutor), triggerer, dag-processor
 and api-server, each in its own process group, started and stopped by this file (no orphans).
 
-    python tests/airflow_deploy/stack.py up   --dir D --venv V --dags DAGS [--port-base P] [--env K=V ...]
-    python tests/airflow_deploy/stack.py down --dir D
-    python tests/airflow_deploy/stack.py status --dir D
+    python tests/airflow_deploy/airflow_stack.py up   --dir D --venv V --dags DAGS [--port-base P] [--env K=V ...]
+    python tests/airflow_deploy/airflow_stack.py down --dir D
+    python tests/airflow_deploy/airflow_stack.py status --dir D
 
 ``D/state.json`` records ports, pids and the environment every process shares (``D/env`` has it as shell
 exports for the CLI). Every process carries ``TRAINFLOW_AIRFLOW_INSTANCE=D``: ``down`` stops the recorded
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import postgres
+import airflow_pg
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 TAG = "TRAINFLOW_AIRFLOW_INSTANCE"
@@ -67,7 +67,7 @@ def build_env(root: Path, venv: Path, dags: Path, base: int, extra: dict[str, st
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__CORE__PARALLELISM": "8",
         "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres.url(base + 1),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": airflow_pg.url(base + 1),
         "AIRFLOW__API_AUTH__JWT_SECRET": base64.b64encode(secrets.token_bytes(32)).decode(),
         "AIRFLOW__API__SECRET_KEY": secrets.token_hex(24),
         "AIRFLOW__API__BASE_URL": api,
@@ -238,9 +238,7 @@ def wait_healthy(root: Path, components: tuple[str, ...], timeout: float) -> flo
     last: dict[str, Any] = {}
     while time.monotonic() - t0 < timeout:
         last = health(root)
-        ok = "error" not in last and all(
-            (last.get(keys[c]) or {}).get("status") == "healthy" for c in want
-        )
+        ok = "error" not in last and all((last.get(keys[c]) or {}).get("status") == "healthy" for c in want)
         if ok:
             return time.monotonic() - t0
         for name, pid in load(root)["pids"].items():
@@ -286,7 +284,7 @@ def up(
     _save(root, state)
     os.environ[TAG] = str(root)  # the postmaster is tagged too, so down finds it whatever happens
     try:
-        state["postgres_pid"] = postgres.start(root / "pg", base + 1, root / "logs" / "postgres.log")
+        state["postgres_pid"] = airflow_pg.start(root / "pg", base + 1, root / "logs" / "postgres.log")
     finally:
         os.environ.pop(TAG, None)
     state["timings"]["postgres"] = round(time.monotonic() - t0, 1)
@@ -307,13 +305,27 @@ def up(
     return state
 
 
+def cpu_seconds(root: Path) -> float:
+    """CPU used so far by the deployment's live processes and the children they reaped (task runners)."""
+    total = 0.0
+    for pid in tagged(root):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError):
+            continue
+    return total
+
+
 def down(root: Path) -> None:
     """Stop every component, then anything still tagged, then Postgres; safe to call twice."""
     if not (root / "state.json").exists():
         return
+    _log(f"CPU used by the deployment's processes: {cpu_seconds(root):.0f} s")
     for name in reversed(COMPONENTS):
         stop_component(root, name)
-    pg_pid = postgres.postmaster_pid(root / "pg")
+    pg_pid = airflow_pg.postmaster_pid(root / "pg")
     pg_group = {pg_pid} | {p for p in tagged(root) if pg_pid is not None and _ppid(p) == pg_pid}
     for _ in range(3):  # LocalExecutor workers, task runners, local-engine jobs left by killed parents
         rest = [p for p in tagged(root) if p not in pg_group]
@@ -323,7 +335,7 @@ def down(root: Path) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.5)
-    postgres.stop(root / "pg")
+    airflow_pg.stop(root / "pg")
     left = tagged(root)
     if left:
         for pid in left:

@@ -24,7 +24,9 @@ def bindir() -> Path:
     """The newest installed server (``/usr/lib/postgresql/<major>/bin``); not on PATH in Debian."""
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), key=lambda p: int(p.split("/")[4]))
     if not found:
-        raise RuntimeError("PostgreSQL server not installed: apt-get install postgresql (tests/airflow_deploy)")
+        raise RuntimeError(
+            "PostgreSQL server not installed: apt-get install postgresql (tests/airflow_deploy)"
+        )
     return Path(found[-1]).parent
 
 
@@ -64,7 +66,9 @@ def start(root: Path, port: int, log: Path) -> int:
     # fsync off: a test database on a shared machine; a crash only loses test state.
     opts = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
     subprocess.run(
-        _as_owner([str(b / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "120", "-o", opts, "start"]),
+        _as_owner(
+            [str(b / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "120", "-o", opts, "start"]
+        ),
         check=True,
         capture_output=True,
         text=True,
@@ -73,7 +77,18 @@ def start(root: Path, port: int, log: Path) -> int:
         f"DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname='{USER}') THEN "
         f"CREATE ROLE {USER} LOGIN PASSWORD '{PASSWORD}'; END IF; END$$;"
     )
-    psql = [str(b / "psql"), "-h", str(sock), "-p", str(port), "-U", "postgres", "-v", "ON_ERROR_STOP=1", "-q"]
+    psql = [
+        str(b / "psql"),
+        "-h",
+        str(sock),
+        "-p",
+        str(port),
+        "-U",
+        "postgres",
+        "-v",
+        "ON_ERROR_STOP=1",
+        "-q",
+    ]
     subprocess.run(_as_owner([*psql, "-c", sql]), check=True, capture_output=True, text=True)
     exists = subprocess.run(
         _as_owner([*psql, "-tAc", f"SELECT 1 FROM pg_database WHERE datname='{DATABASE}'"]),
@@ -105,7 +120,9 @@ def stop(root: Path, timeout: float = 60.0) -> None:
     if pid is None:
         return
     subprocess.run(
-        _as_owner([str(bindir() / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "-t", str(int(timeout)), "stop"]),
+        _as_owner(
+            [str(bindir() / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "-t", str(int(timeout)), "stop"]
+        ),
         capture_output=True,
         text=True,
     )
