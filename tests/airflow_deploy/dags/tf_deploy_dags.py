@@ -34,44 +34,32 @@ def train_steps(steps: int = 5, step_seconds: float = 1.0, loss0: float = 2.0) -
     report(metrics={"loss": round(loss, 4), "steps": int(steps)}, progress=100)
 
 
-with DAG(
-    "tf_deploy_defer",
-    schedule=None,
-    start_date=START,
-    params={"steps": 5, "step_seconds": 1.0},
-    render_template_as_native_obj=True,
-    tags=["trainflow-deploy"],
-):
-    # deferrable and stream_logs given explicitly: the run must not depend on defaults
-    TrainJobOperator(
+def steps_task(**kwargs: object) -> TrainJobOperator:
+    """The local-engine TrainJob of the defer and worker DAGs: ``params.steps`` one-second-ish steps."""
+    return TrainJobOperator(
         task_id="train",
         runtime=RUNTIME,
         function=train_steps,
         function_kwargs={"steps": "{{ params.steps }}", "step_seconds": "{{ params.step_seconds }}"},
-        deferrable=True,
-        stream_logs=True,
         execution_timeout=timedelta(minutes=10),
+        **kwargs,
     )
 
-with DAG(
-    "tf_deploy_worker",
-    schedule=None,
-    start_date=START,
-    params={"steps": 30, "step_seconds": 1.0},
-    render_template_as_native_obj=True,
-    tags=["trainflow-deploy"],
-):
+
+PARAMS = {
+    "schedule": None,
+    "start_date": START,
+    "render_template_as_native_obj": True,
+    "tags": ["trainflow-deploy"],
+}
+
+with DAG("tf_deploy_defer", params={"steps": 5, "step_seconds": 1.0}, **PARAMS):
+    # deferrable and stream_logs given explicitly: the run must not depend on defaults
+    steps_task(deferrable=True, stream_logs=True)
+
+with DAG("tf_deploy_worker", params={"steps": 30, "step_seconds": 1.0}, **PARAMS):
     # waits on the worker (not deferred), so killing the worker interrupts the wait itself
-    TrainJobOperator(
-        task_id="train",
-        runtime=RUNTIME,
-        function=train_steps,
-        function_kwargs={"steps": "{{ params.steps }}", "step_seconds": "{{ params.step_seconds }}"},
-        deferrable=False,
-        retries=2,
-        retry_delay=timedelta(seconds=2),
-        execution_timeout=timedelta(minutes=10),
-    )
+    steps_task(deferrable=False, retries=2, retry_delay=timedelta(seconds=2))
 
 with DAG(
     "tf_deploy_sweep",
