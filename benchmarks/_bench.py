@@ -151,6 +151,12 @@ def complete_status() -> dict[str, Any]:
         "jobsStatus": [
             {"name": "node", "active": 0, "ready": 0, "succeeded": 1, "failed": 0, "suspended": 0}
         ],
+        # what the Trainer's status server holds once rank 0 called report() (TrainJobStatus gate)
+        "trainerStatus": {
+            "progressPercentage": 100,
+            "metrics": [{"name": "loss", "value": "0.125"}],
+            "lastUpdatedTime": now_rfc3339(),
+        },
     }
 
 

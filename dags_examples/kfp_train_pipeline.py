@@ -67,10 +67,11 @@ def build_pipeline(
     backend: str = "kubernetes",
     base_image: str = IMAGE,
     packages_to_install: Sequence[str] | None = (),
-    install_kfp_package: bool = True,
+    install_kfp_package: bool = False,
     backend_config: dict[str, Any] | None = None,
 ) -> Any:
-    """The pipeline for one backend and image (tests: backend='local', install_kfp_package=False)."""
+    """The pipeline for one backend and image. The default image (``make images``: examples) has kfp and
+    trainflow installed, so no step installs anything when it starts."""
     from trainflow.kfp import make_train_job_component
 
     train_op = make_train_job_component(

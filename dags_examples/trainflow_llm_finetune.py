@@ -1,8 +1,10 @@
 """LLM fine-tuning on a TorchTune runtime: dataset and model initializers, then ``tune run`` with overrides.
 
 Cluster only (GPUs, Hugging Face downloads); it parses anywhere and renders to a valid TrainJob offline.
-The Hugging Face token comes from the Kubernetes Secret ``hf-token`` (never from Airflow): the model
-initializer reads it through ``model_secret``.
+The Hugging Face token comes from key ``token`` of the Kubernetes Secret ``hf-token`` (never from Airflow): the
+model initializer reads it as ACCESS_TOKEN (``model_secret_env``). trainflow sends ``tune run`` so the Trainer
+picks the recipe and config (full, LoRA, QLoRA) from the overrides and the GPUs, and keeps the runtime's dataset
+arguments.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ with DAG(
         runtime="{{ params.runtime }}",
         dataset_uri="{{ params.dataset }}",
         model_uri="{{ params.model }}",
-        model_secret="hf-token",
+        model_secret_env={"access_token": "hf-token/token"},
         args=["epochs={{ params.epochs }}", "batch_size=4", "dataset.split=train[:2000]"],
         num_nodes=1,
         resources_per_node={"gpu": "{{ params.gpus_per_node }}", "memory": "64Gi", "cpu": 8},

@@ -54,11 +54,12 @@ def test_llm_finetune_renders_a_torchtune_trainjob(dagbag) -> None:
     spec = manifest["spec"]
     assert spec["runtimeRef"]["name"] == "torchtune-llama3.2-1b"
     assert spec["initializer"]["dataset"] == {"storageUri": "hf://tatsu-lab/alpaca/data"}
-    assert spec["initializer"]["model"] == {
-        "storageUri": "hf://meta-llama/Llama-3.2-1B-Instruct",
-        "secretRef": {"name": "hf-token"},
-    }
-    assert spec["trainer"]["args"][0] == "epochs=1"
+    model = spec["initializer"]["model"]
+    assert model["storageUri"] == "hf://meta-llama/Llama-3.2-1B-Instruct"
+    token = {"name": "ACCESS_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
+    assert token in model["env"]
+    assert spec["trainer"]["command"] == ["tune", "run"]  # the Trainer's TorchTune mode
+    assert spec["trainer"]["args"][-3:] == ["epochs=1", "batch_size=4", "dataset.split=train[:2000]"]
     assert spec["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "1"
     labels = manifest["metadata"]["labels"]
     assert labels["airflow.apache.org/dag-id"] == "trainflow_llm_finetune"

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,12 +59,14 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def start_and_kill_when_running(af, home: Path, backend, tmp_path: Path, seconds: int, run_after: str):
+def start_and_kill_when_running(
+    af, home: Path, backend, tmp_path: Path, seconds: int, run_after: str, gate: str = ""
+):
     """Start the DAG, SIGKILL the whole task process tree once its TrainJob runs; return the job."""
     log = tmp_path / "killed.log"
     with open(log, "w") as fh:
         proc = subprocess.Popen(
-            dag_cmd("tf_test_reattach", run_after, {"seconds": seconds}),
+            dag_cmd("tf_test_reattach", run_after, {"seconds": seconds, "gate": gate}),
             env=af.env(home, af.test_dags),
             stdout=fh,
             stderr=subprocess.STDOUT,
@@ -86,17 +89,32 @@ def test_killed_worker_rerun_reattaches_to_the_running_job(
     af, airflow_db, trainflow_home, local_backend, tmp_path
 ):
     run_after = "2026-02-01T01:00:00"
-    job = start_and_kill_when_running(af, trainflow_home, local_backend, tmp_path, 25, run_after)
+    gate = tmp_path / "gate"  # the job runs until the rerun has reattached (however slow Airflow starts)
+    conf = {"seconds": 300, "gate": str(gate)}
+    job = start_and_kill_when_running(af, trainflow_home, local_backend, tmp_path, 300, run_after, str(gate))
     assert not local_backend.get(job.ref).state.terminal  # the TrainJob outlived the killed worker
 
-    out = run_dag(af, trainflow_home, "tf_test_reattach", tmp_path, {"seconds": 25}, run_after=run_after)
+    def open_gate_once_reattached() -> None:
+        wait_for(
+            lambda: any("Reattaching" in p.read_text() for p in tmp_path.glob("tf_test_reattach-*.log")),
+            400,
+            "the rerun to reattach",
+        )
+        gate.touch()
+
+    opener = threading.Thread(target=open_gate_once_reattached, daemon=True)
+    opener.start()
+    out = run_dag(af, trainflow_home, "tf_test_reattach", tmp_path, conf, run_after=run_after)
+    gate.touch()
     assert out["state"] == "success", out["tasks"]
-    assert f"Reattaching to running TrainJob default/{job.name}" in out["log"]
+    assert f"Reattaching to running TrainJob default/{job.name}" in out["log"], [
+        ln for ln in out["log"].splitlines() if "TrainJob default/" in ln
+    ]
     jobs = key_jobs(local_backend, "tf_test_reattach", out["run_id"])
     assert [j.name for j in jobs] == [job.name]  # one TrainJob, not two
     result = out["xcoms"]["train[-1].return_value"]
     assert result["name"] == job.name and result["state"] == "Complete"
-    assert result["metrics"] == {"slept": 25.0}
+    assert result["metrics"] == {"slept": 300.0}
     assert out["xcoms"]["train[-1].job_name"] == job.name
     assert out["xcoms"]["train[-1].job_namespace"] == "default"
 

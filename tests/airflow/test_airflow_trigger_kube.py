@@ -1,7 +1,7 @@
 """Many TrainJobTriggers in one triggerer loop share one watch per (cluster, namespace) through the core.
 
 Uses the kube backend over real HTTP against the loopback fake API server of the core's watch tests
-(tests/unit/test_kube_watch_loopback.py); the connection carries an inline kubeconfig (the secret field).
+(tests/unit/fake_apiserver.py); the connection carries an inline kubeconfig (the secret field).
 """
 
 from __future__ import annotations
@@ -15,29 +15,26 @@ import pytest
 
 from trainflow.airflow.triggers import TrainJobTrigger
 
-_LOOPBACK = Path(__file__).resolve().parents[1] / "unit" / "test_kube_watch_loopback.py"
+_HELPER = Path(__file__).resolve().parents[1] / "unit" / "fake_apiserver.py"
 
 
-def _fake_server_class():
-    spec = importlib.util.spec_from_file_location("_kube_loopback_for_airflow", _LOOPBACK)
-    assert spec and spec.loader, f"{_LOOPBACK} is needed for this test"
+def _fake_module():
+    spec = importlib.util.spec_from_file_location("_fake_apiserver_for_airflow", _HELPER)
+    assert spec and spec.loader, f"{_HELPER} is needed for this test"
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.FakeApiServer
+    return module
 
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch):
-    server = _fake_server_class()()
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "fake", "cluster": {"server": server.url}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u", "namespace": "ns"}}],
-        "current-context": "fake",
+    helper = _fake_module()
+    server = helper.FakeApiServer()
+    extra = {
+        "backend": "kubernetes",
+        "kubeconfig": json.dumps(helper.kubeconfig(server.url)),
+        "namespace": "ns",
     }
-    extra = {"backend": "kubernetes", "kubeconfig": json.dumps(kubeconfig), "namespace": "ns"}
     monkeypatch.setenv("AIRFLOW_CONN_TF_FAKE", json.dumps({"conn_type": "kubeflow_trainer", "extra": extra}))
     yield server
     server.close()

@@ -73,7 +73,7 @@ def jobs_of(
     dep: Deployment, dag_id: str, run_id: str, task_id: str = "train", map_index: int = -1
 ) -> list[Any]:
     """The local engine's TrainJobs of one task instance (by the operator's identity label)."""
-    from trainflow.airflow.operators import idempotency_key
+    from trainflow.airflow.identity import idempotency_key
     from trainflow.core.naming import KEY_LABEL, key_label
 
     key = idempotency_key(dag_id, task_id, run_id, map_index)

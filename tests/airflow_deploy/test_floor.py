@@ -1,6 +1,6 @@
-"""The provider on the oldest Airflow it declares (``apache-airflow>=3.0``): a real deployment of the floor version.
+"""The provider on the oldest Airflow it declares (pyproject's ``apache-airflow>=3.2``): a real deployment of it.
 
-run.sh --airflow 3.0 --suite floor starts it from tests/airflow_deploy/requirements/airflow-3.0.txt.
+run.sh --airflow 3.2 --suite floor starts it from tests/airflow_deploy/requirements/airflow-3.2.txt.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_deferred_run_through_the_floor_triggerer(deployment: Deployment, api: A
 
 
 def test_connection_form_fields_on_the_floor(api: Airflow) -> None:
-    """Airflow 3.0/3.1 build the form from the hook's get_connection_form_widgets (conn-fields is 3.2+)."""
+    """The connection form's fields on the floor (``conn-fields`` in provider info, read from 3.2)."""
     meta = {m["connection_type"]: m for m in api.hook_meta()}
     assert "kubeflow_trainer" in meta, sorted(meta)
     fields = {

@@ -3,7 +3,7 @@
 #   tests/airflow_deploy/venv.sh 3.3          -> ~/.cache/trainflow/venv-airflow-3.3-<hash>
 #   tests/airflow_deploy/venv.sh 3.3 --compile  re-resolve requirements/airflow-3.3.txt from airflow-3.3.in
 # The project's .venv cannot hold these: kfp pins kubernetes<31, cncf.kubernetes needs >=36, and the floor
-# (3.0) needs SQLAlchemy 1.4. The venv is keyed by the requirements file, so a change builds a fresh one.
+# needs its own Airflow. The venv is keyed by the requirements file, so a change builds a fresh one.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -15,7 +15,7 @@ export UV_CACHE_DIR="${UV_CACHE_DIR:-$HOME/.cache/uv}"
 
 if [ "${2:-}" = "--compile" ]; then
   # The floor resolves as of its release: its constraints file is not reachable from here.
-  declare -A EXCLUDE_NEWER=([3.0]=2025-09-15 [3.2]=2026-06-15)
+  declare -A EXCLUDE_NEWER=([3.2]=2026-06-15)
   extra=()
   [ -n "${EXCLUDE_NEWER[$VERSION]:-}" ] && extra=(--exclude-newer "${EXCLUDE_NEWER[$VERSION]}")
   (cd "$REPO" && "$UV" pip compile -q -p 3.11 "${extra[@]}" "tests/airflow_deploy/$REQ_IN" \

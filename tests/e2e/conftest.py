@@ -11,6 +11,7 @@ Env: ``TRAINFLOW_TESTBED_DIR`` (default ``/tmp/trainflow-testbed``).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -307,6 +308,26 @@ def wait_until(fn: Callable[[], Any], timeout: float, desc: str, interval: float
     raise AssertionError(f"timed out after {timeout}s waiting for {desc}; last={last!r}")
 
 
+_REQUEST_METRIC = re.compile(r"^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$")
+
+
+def request_totals(testbed: Testbed) -> collections.Counter[str]:
+    """The API server's ``apiserver_request_total`` by ``"VERB resource"`` (every client, controllers too)."""
+    from kubernetes import client
+
+    resp = client.ApiClient.call_api(
+        testbed.api_client, "/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False
+    )[0]
+    out: collections.Counter[str] = collections.Counter()
+    for line in resp.data.decode().splitlines():
+        m = _REQUEST_METRIC.match(line)
+        if m:
+            labels = dict(kv.split("=", 1) for kv in re.findall(r'(\w+="[^"]*")', m.group(1)))
+            verb, resource = labels.get("verb", "").strip('"'), labels.get("resource", "").strip('"')
+            out[f"{verb} {resource}"] += int(float(m.group(2)))
+    return out
+
+
 NO_RETRY_RUNTIME = "torch-no-retry"
 
 
@@ -343,3 +364,46 @@ def condition(obj: dict, ctype: str) -> dict | None:
         if c.get("type") == ctype:
             return c
     return None
+
+
+def apply_rbac(testbed: Testbed, namespace: str, manifest: Path) -> list[str]:
+    """Apply a shipped RBAC manifest with every subject moved to ``namespace``; namespaced objects go to
+    ``namespace``, cluster-scoped bindings get a per-namespace name. Returns those bindings, to delete."""
+    import copy
+
+    import yaml
+    from kubernetes import client
+
+    rbac = client.RbacAuthorizationV1Api(testbed.api_client)
+    bindings = []
+    for doc in yaml.safe_load_all(manifest.read_text()):
+        doc = copy.deepcopy(doc)
+        for subject in doc.get("subjects") or []:
+            subject["namespace"] = namespace
+        kind = doc["kind"]
+        if kind == "Role":
+            rbac.create_namespaced_role(namespace, doc)
+        elif kind == "RoleBinding":
+            rbac.create_namespaced_role_binding(namespace, doc)
+        elif kind == "ClusterRole":
+            try:
+                rbac.create_cluster_role(doc)
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+                rbac.replace_cluster_role(doc["metadata"]["name"], doc)
+        elif kind == "ClusterRoleBinding":
+            doc["metadata"]["name"] = f"{doc['metadata']['name']}-{namespace}"
+            rbac.create_cluster_role_binding(doc)
+            bindings.append(doc["metadata"]["name"])
+        else:
+            raise AssertionError(f"{manifest}: unexpected kind {kind}")
+    return bindings
+
+
+def delete_cluster_role_bindings(testbed: Testbed, names: list[str]) -> None:
+    from kubernetes import client
+
+    rbac = client.RbacAuthorizationV1Api(testbed.api_client)
+    for name in names:
+        rbac.delete_cluster_role_binding(name)

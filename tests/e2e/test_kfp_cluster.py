@@ -5,7 +5,6 @@ to a real kube-apiserver with the Trainer v2.3.0 controller, and kwok runs the p
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import signal
@@ -17,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kfp import local
 from kubernetes import client
 
-from conftest import sa_kubeconfig, wait_until
+from conftest import apply_rbac, delete_cluster_role_bindings, request_totals, sa_kubeconfig, wait_until
 from trainflow.core.naming import KEY_LABEL, MANAGED_BY_LABEL
 from trainflow.kfp import make_train_job_component
 
@@ -36,44 +34,15 @@ KWOK_COMPLETE_DELAY = "pod-complete.stage.kwok.x-k8s.io/delay"
 IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
 
 
-def apply_rbac(testbed: Any, namespace: str) -> list[tuple[str, str]]:
-    """Apply the shipped manifest for ``namespace``'s pipeline-runner; returns cluster objects to delete."""
-    rbac = client.RbacAuthorizationV1Api(testbed.api_client)
-    cluster_objects = []
-    for doc in yaml.safe_load_all(RBAC.read_text()):
-        doc = copy.deepcopy(doc)
-        for subject in doc.get("subjects") or []:
-            subject["namespace"] = namespace
-        kind = doc["kind"]
-        if kind == "Role":
-            rbac.create_namespaced_role(namespace, doc)
-        elif kind == "RoleBinding":
-            rbac.create_namespaced_role_binding(namespace, doc)
-        elif kind == "ClusterRole":
-            try:
-                rbac.create_cluster_role(doc)
-            except client.ApiException as exc:
-                if exc.status != 409:
-                    raise
-                rbac.replace_cluster_role(doc["metadata"]["name"], doc)
-        elif kind == "ClusterRoleBinding":
-            doc["metadata"]["name"] = f"trainflow-kfp-runtimes-{namespace}"
-            rbac.create_cluster_role_binding(doc)
-            cluster_objects.append(("ClusterRoleBinding", doc["metadata"]["name"]))
-    return cluster_objects
-
-
 @pytest.fixture
 def runner_kubeconfig(testbed: Any, namespace: str, tmp_path: Path) -> Any:
     core = client.CoreV1Api(testbed.api_client)
     core.create_namespaced_service_account(
         namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name="pipeline-runner"))
     )
-    cleanup = apply_rbac(testbed, namespace)
+    bindings = apply_rbac(testbed, namespace, RBAC)
     yield sa_kubeconfig(testbed, namespace, "pipeline-runner", tmp_path / "pipeline-runner.kubeconfig")
-    rbac = client.RbacAuthorizationV1Api(testbed.api_client)
-    for _kind, name in cleanup:
-        rbac.delete_cluster_role_binding(name)
+    delete_cluster_role_bindings(testbed, bindings)
 
 
 @pytest.fixture
@@ -111,11 +80,15 @@ def train_op() -> Any:
 
 
 def test_train_job_completes_and_a_retry_reattaches(
-    runner_kubeconfig: Path, kfp_local: Path, namespace: str, k8s: Any
+    runner_kubeconfig: Path, kfp_local: Path, namespace: str, k8s: Any, testbed: Any
 ) -> None:
     started = time.monotonic()
+    before = request_totals(testbed)
     first = train_op()(**step_kwargs(runner_kubeconfig))
     elapsed = time.monotonic() - started
+    calls = request_totals(testbed) - before
+    # one step: one runtime read and one create (the controllers read runtimes from their caches)
+    assert calls["GET clustertrainingruntimes"] == 1 and calls["POST trainjobs"] == 1, calls
     assert first.outputs["state"] == "Complete" and first.outputs["namespace"] == namespace
     (job,) = trainjobs(k8s, namespace)
     assert job["metadata"]["name"] == first.outputs["job_name"]

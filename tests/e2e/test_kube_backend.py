@@ -69,8 +69,12 @@ def test_runtimes_from_the_cluster(backend, namespace, k8s):
 
 def test_submit_and_wait_complete(backend, namespace, k8s):
     updates = []
+    # a dry run is the server's full validation (schema, CEL, webhooks) and creates nothing
+    dry = backend.submit(request("e2e/complete"), dry_run=True)
+    assert trainjobs(k8s, namespace) == [] and dry.uid is None
     t0 = time.time()
-    ref = backend.submit(request("e2e/complete"), dry_run=True)
+    ref = backend.submit(request("e2e/complete"))
+    assert ref.name == dry.name
     result = backend.wait(ref, timeout=TIMEOUT, on_update=lambda r: updates.append(r.state))
     elapsed = time.time() - t0
 
@@ -138,7 +142,7 @@ def test_deterministic_name_adopts_and_conflicts(backend, namespace, k8s):
     with pytest.raises(TrainJobConflict, match=r"spec\.trainer"):
         backend.submit(other)
     # same name, someone else's job (other identity label)
-    with pytest.raises(TrainJobConflict, match="identity labels differ"):
+    with pytest.raises(TrainJobConflict, match=r"not this request.s .*trainflow\.dev/key"):
         backend.submit(request("e2e/adopt-2", name=first.name))
     assert len(trainjobs(k8s, namespace)) == 1
     backend.wait(first, timeout=TIMEOUT)
@@ -159,7 +163,7 @@ def test_server_rejections_map_to_request_fields(backend, namespace):
     manifest = backend.render(request("e2e/invalid"))
     bad = {**manifest, "metadata": {**manifest["metadata"], "name": "1-starts-with-digit"}}
     with pytest.raises(InvalidRequest) as info:
-        backend.create_or_adopt(namespace, bad)
+        backend.create(bad)
     assert "name" in info.value.fields
     env = {
         **manifest,
@@ -169,7 +173,7 @@ def test_server_rejections_map_to_request_fields(backend, namespace):
         },
     }
     with pytest.raises(InvalidRequest) as info:
-        backend.create_or_adopt(namespace, env)
+        backend.create(env)
     assert info.value.fields == ["env"], info.value
     assert "PET_NNODES" in str(info.value)
 

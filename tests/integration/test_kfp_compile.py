@@ -89,3 +89,9 @@ def test_example_pipeline_compiles(tmp_path: Path) -> None:
     assert train["task_name"]["runtimeValue"]["constant"] == "{{$.pipeline_task_name}}"
     assert train["function"]["runtimeValue"]["constant"] == "example_training:train_regression"
     assert "promote" in out.read_text() and "reject" in out.read_text()
+    # the examples image (make images) has kfp and trainflow: no step pip-installs anything at start
+    executors = doc["deploymentSpec"]["executors"].values()
+    assert all(e["container"]["image"] == "ghcr.io/trainflow/trainflow-examples:0.1.0" for e in executors)
+    assert not any(
+        "pip" in " ".join(e["container"]["command"] + e["container"].get("args", [])) for e in executors
+    )

@@ -155,7 +155,9 @@ def test_failed_trainjob_fails_the_step_with_reason(
     # a retry of the failed step trains again (new attempt), it does not re-read the old failure
     with pytest.raises(RuntimeError, match="FAILURE"):
         op(**kwargs)
-    assert "starting attempt 2" in capfd.readouterr().out
+    out = capfd.readouterr().out
+    assert f"Earlier attempt 1: TrainJob default/{jobdir.name} Failed" in out
+    assert "Submitted TrainJob default/" in out and "(attempt 2)" in out
     assert len(job_dirs(env["home"])) == 2
 
 
@@ -311,7 +313,7 @@ def test_restarted_step_reattaches_to_the_running_trainjob(
     assert get_backend("local", home=home).get(jobdir.name).state is JobState.RUNNING
     task = train_op()(**kwargs)  # the restarted step, same run id / task name / arguments
     assert task.outputs["job_name"] == jobdir.name and task.outputs["state"] == "Complete"
-    assert f"reattaching to TrainJob default/{jobdir.name} (Running)" in capfd.readouterr().out
+    assert f"Reattaching to running TrainJob default/{jobdir.name} (attempt 1)" in capfd.readouterr().out
     assert job_dirs(home) == [jobdir]
     assert len(list(pids.glob("pid-*"))) == 2  # the trainers ran once, not twice
 

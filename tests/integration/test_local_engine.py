@@ -446,9 +446,9 @@ def test_file_dataset_is_linked_and_cluster_only_uris_are_refused(
         .startswith("dataset-initializer")
     )
     assert "dataset-initializer" in next(iter(backend.logs(ref, step="dataset-initializer")))
-    with pytest.raises(InvalidRequest, match="cluster") as info:
+    with pytest.raises(InvalidRequest, match="only on a cluster") as info:
         backend.submit({"name": "tune", "runtime": "torchtune-llama3.2-1b", "args": ["epochs=1"]})
-    assert "dataset_uri" in info.value.fields
+    assert info.value.fields == ["runtime"]
     with pytest.raises(InvalidRequest) as missing:
         backend.submit({"name": "gone", "command": worker(), "dataset_uri": (tmp_path / "nothing").as_uri()})
     assert missing.value.fields == ["dataset_uri"]

@@ -1,9 +1,10 @@
-"""Test-only wrapper: run tests/airflow/dag_runner.py in this process with TrainJobOperator patched to stop
+"""Test-only wrapper: run tests/airflow/dag_runner.py in this process with the local backend patched to stop
 at one phase, so a test can SIGKILL the task process exactly there. Product code is not touched.
 
 ``airflow_phase_runner.py PHASE MARKER DAG_ID LOGICAL RUN_AFTER [CONF]``; PHASE is one of
-``before_create`` (hold just before ``backend.submit``), ``after_create`` (hold right after ``backend.submit``
-returned, before the XCom push and the state-store record), ``waiting`` (mark, then wait normally) or ``none``.
+``before_create`` (hold just before ``LocalBackend.create``), ``after_create`` (hold right after it returned,
+before launch returns, the XCom push and the state-store record), ``waiting`` (mark, then wait normally) or
+``none``.
 The marker file is written when the phase is reached.
 """
 
@@ -32,31 +33,32 @@ def _hold(marker: Path, phase: str, detail: str = "") -> None:
 
 
 def install(phase: str, marker: Path) -> None:
-    from trainflow.airflow.operators import TrainJobOperator
+    """Stop the task at one phase through the backend's public primitives (the ones launch and wait use)."""
+    from trainflow.core.local.engine import LocalBackend
 
-    submit = TrainJobOperator._submit
-    wait_sync = TrainJobOperator._wait_sync
+    create = LocalBackend.create
+    wait = LocalBackend.wait
 
     if phase == "before_create":
 
-        def _submit_before(self: Any, backend: Any, request: Any, attempt: int) -> Any:
+        def _create_before(self: Any, manifest: Any) -> Any:
             _hold(marker, phase)
 
-        TrainJobOperator._submit = _submit_before  # type: ignore[method-assign]
+        LocalBackend.create = _create_before  # type: ignore[method-assign]
     elif phase == "after_create":
 
-        def _submit_after(self: Any, backend: Any, request: Any, attempt: int) -> Any:
-            ref = submit(self, backend, request, attempt)
-            _hold(marker, phase, ref.name)
+        def _create_after(self: Any, manifest: Any) -> Any:
+            obj = create(self, manifest)
+            _hold(marker, phase, obj["metadata"]["name"])
 
-        TrainJobOperator._submit = _submit_after  # type: ignore[method-assign]
+        LocalBackend.create = _create_after  # type: ignore[method-assign]
     elif phase == "waiting":
 
-        def _wait_marked(self: Any, backend: Any, ref: Any, deadline: Any) -> Any:
-            _reached(marker, phase, ref.name)
-            return wait_sync(self, backend, ref, deadline)
+        def _wait_marked(self: Any, ref: Any, *args: Any, **kwargs: Any) -> Any:
+            _reached(marker, phase, getattr(ref, "name", str(ref)))
+            return wait(self, ref, *args, **kwargs)
 
-        TrainJobOperator._wait_sync = _wait_marked  # type: ignore[method-assign]
+        LocalBackend.wait = _wait_marked  # type: ignore[method-assign]
 
 
 def main() -> None:

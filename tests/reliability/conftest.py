@@ -39,6 +39,7 @@ Testbed = _e2e.Testbed
 create_namespace = _e2e.create_namespace
 delete_namespace = _e2e.delete_namespace
 dump_namespace = _e2e.dump_namespace
+request_totals = _e2e.request_totals
 
 TRAINER_GROUP, TRAINER_VERSION = "trainer.kubeflow.org", "v1alpha1"
 KWOK_FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"

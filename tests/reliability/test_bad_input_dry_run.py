@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 
 from trainflow.core import InvalidRequest, TrainJobRequest, build_trainjob, parse_request
 from trainflow.core.kube import retry
+from trainflow.core.runtimes import RESERVED_ENV
+from trainflow.core.torchtune import IMMUTABLE_CONFIGS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -117,6 +119,86 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(weird, inner, max_size=3),
     max_leaves=6,
 )
+
+
+# Prebuilt values where a draw would cost more than the variety it adds (generation dominates the run time).
+initializer_options = st.sampled_from(
+    [
+        {},
+        {"endpoint": "http://minio:9000", "region": "us-east-1"},
+        {"ignore_patterns": ["*.md", "*.bin"]},
+        {"ignore_patterns": "*.bin"},
+        {"role_arn": "arn:aws:iam::1:role/r", "endpoint": "http://s3"},
+        {"access_token": "hf_plain"},
+        {"secret_access_key": "plain"},
+        {"bogus": "x"},
+        {"ignore_patterns": 3},
+        {"region": ["a", "b"]},
+        {"metadata_loc": "s3://m/meta.json", "num_data_nodes": 2},
+    ]
+)
+initializer_secrets = st.sampled_from(
+    [
+        {},
+        {"access_token": "creds/token"},
+        {"access_key_id": "creds/id", "secret_access_key": "creds/key"},
+        {"endpoint": "creds/endpoint", "region": "creds/region"},
+        {"bogus": "creds/x"},
+        {"access_token": "Bad_Name/k"},
+        {"access_key_id": "creds/ke y"},
+    ]
+)
+
+# Runtime-specific strategies: what users of each runtime family send, plausible and edge cases mixed.
+LORA = "model.lora_attn_modules=[q_proj,v_proj,output_proj]"
+TUNE_ARGS = st.sampled_from(
+    [
+        "epochs=1", "batch_size=2", "dtype=bf16", LORA, "model.lora_rank=8", "model.quantize_base=True",
+        "model.quantize_base=False", "model.use_dora=True", "dataset.source=json",
+        "dataset=torchtune.datasets.alpaca_dataset", "epochs", "--config", *(f"{k}=/x" for k in sorted(IMMUTABLE_CONFIGS)),
+    ]
+)  # fmt: skip
+TORCHTUNE: dict[str, st.SearchStrategy[Any]] = {
+    "args": st.lists(TUNE_ARGS, max_size=4),
+    "command": st.sampled_from([["tune", "run"], ["tune", "run", "lora_finetune_single_device"], ["torchrun", "x.py"]]),
+    "num_nodes": st.integers(1, 3),
+    "proc_per_node": st.integers(1, 4),
+    "resources": st.fixed_dictionaries({}, optional={"gpu": st.integers(0, 4), "cpu": st.sampled_from(["4", "500m"])}),
+    "dataset_uri": st.sampled_from(["hf://tatsu-lab/alpaca", "hf://org/ds/data/train.json", "s3://b/ds", "cache://s/t"]),
+    "model_uri": st.sampled_from(["hf://meta-llama/Llama-3.2-1B-Instruct", "s3://b/m"]),
+    "dataset_options": initializer_options,
+    "model_options": initializer_options,
+    "dataset_secret_env": initializer_secrets,
+    "model_secret_env": initializer_secrets,
+}  # fmt: skip
+MPI_ENV = [
+    *sorted(RESERVED_ENV["mpi"]),
+    "OMPI_MCA_btl_tcp_if_include",
+    "OMPI_MCA_pml",
+    "OMPI_ALLOW_RUN_AS_ROOT",
+]
+MPI: dict[str, st.SearchStrategy[Any]] = {
+    "command": st.sampled_from(
+        [["mpirun", "python3", "t.py"], ["mpirun", "--hostfile", "/etc/mpi/hostfile", "t"]]
+    ),
+    "env": st.dictionaries(st.sampled_from(MPI_ENV), st.sampled_from(["eth0", "1", "ob1"]), max_size=3),
+    "num_nodes": st.integers(1, 4),
+    "proc_per_node": st.one_of(st.integers(1, 4), st.just("auto")),
+    "function": st.just("pkg.mod:train"),
+}
+XGBOOST_ENV = [*sorted(RESERVED_ENV["xgboost"]), "DMLC_WORKER_CONNECT_RETRY", "DMLC_LOG_LEVEL"]
+XGBOOST: dict[str, st.SearchStrategy[Any]] = {
+    "env": st.dictionaries(st.sampled_from(XGBOOST_ENV), st.sampled_from(["5", "debug"]), max_size=3),
+}
+SPECIFIC = {"torchtune": TORCHTUNE, "mpi": MPI, "xgboost": XGBOOST}
+
+
+def family(runtime: str) -> str:
+    if runtime.startswith("torchtune-"):
+        return "torchtune"
+    return {"deepspeed-distributed": "mpi", "mlx-distributed": "mpi", "xgboost-distributed": "xgboost"}.get(
+        runtime, "other"
+    )
 
 
 VALID: dict[str, st.SearchStrategy[Any]] = {
@@ -224,6 +306,16 @@ ANY: dict[str, st.SearchStrategy[Any]] = {
     "queue": st.one_of(dns_label, weird),
     "suspend": st.booleans(),
     "deadline_seconds": st.one_of(st.integers(-1, 10**6), st.integers(2**63 - 2, 2**64)),
+    "packages_to_install": st.lists(
+        st.one_of(st.sampled_from(["numpy", "x==1.0", "--index-url=x"]), weird), max_size=2
+    ),
+    "pip_index_urls": st.lists(
+        st.sampled_from(["https://pypi.org/simple", "u:p@x", "https://u:p@x/simple"]), max_size=2
+    ),
+    "dataset_options": initializer_options,
+    "model_options": initializer_options,
+    "dataset_secret_env": initializer_secrets,
+    "model_secret_env": initializer_secrets,
     "runtime_patches": st.lists(
         st.fixed_dictionaries(
             {
@@ -253,6 +345,11 @@ def requests(draw: st.DrawFn, runtimes: list[str]) -> dict[str, Any]:
     """A plausible request (a random subset of valid fields) with 0-3 fields drawn from anything goes."""
     data: dict[str, Any] = {"runtime": draw(st.sampled_from(runtimes))}
     data.update(draw(st.fixed_dictionaries({}, optional=VALID)))
+    specific = SPECIFIC.get(family(data["runtime"]))
+    if specific and draw(st.integers(0, 3)):  # mostly: the runtime family's own fields on top
+        if family(data["runtime"]) == "torchtune":
+            data.pop("command", None)
+        data.update(draw(st.fixed_dictionaries({}, optional=specific)))
     for field in draw(st.lists(st.sampled_from(sorted(ANY)), max_size=3, unique=True)):
         data[field] = draw(ANY[field])
     return data
@@ -356,6 +453,13 @@ def test_generated_requests_agree_with_the_servers_dry_run(kube_backend, namespa
         "generate_seconds": round(t_gen, 1),
         "dry_run_seconds": round(t_dry, 1),
         "server_refusals_sample": [v for _, v in server_refused[:5]],
+        "by_family": {
+            fam: {
+                "accepted": sum(1 for d, _ in accepted if family(d["runtime"]) == fam),
+                "rejected": sum(1 for d, _ in rejected if family(d["runtime"]) == fam),
+            }
+            for fam in ("torchtune", "mpi", "xgboost", "other")
+        },
     }
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "bad_input_dry_run.json"), "w") as f:
@@ -368,3 +472,6 @@ def test_generated_requests_agree_with_the_servers_dry_run(kube_backend, namespa
     )
     assert summary["examples"] >= EXAMPLES * 0.95
     assert len(accepted) >= EXAMPLES * 0.1, "the strategy produced too few valid requests to mean anything"
+    for fam in ("torchtune", "mpi"):  # the runtime-specific strategies reach the server both ways
+        assert summary["by_family"][fam]["accepted"] >= EXAMPLES * 0.01, summary["by_family"]
+        assert summary["by_family"][fam]["rejected"] >= EXAMPLES * 0.01, summary["by_family"]

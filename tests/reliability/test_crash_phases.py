@@ -3,9 +3,9 @@ then the same DagRun run again: one TrainJob (none for a kill before create), th
 the result.
 
 The task runs inside the ``dag.test()`` process. To stop at a phase deterministically, that subprocess (only)
-runs ``airflow_phase_runner.py``, which wraps ``TrainJobOperator._submit`` / ``_wait_sync`` to write a marker
-file at the phase (and hold there for the create phases); the test SIGKILLs the whole process group once
-the marker appears. The window between ``backend.submit`` returning and the XCom push is microseconds, too
+runs ``airflow_phase_runner.py``, which wraps the local backend's public ``create`` / ``wait`` to write a
+marker file at the phase (and hold there for the create phases); the test SIGKILLs the whole process group
+once the marker appears. The window between the create returning and the XCom push is microseconds, too
 small to hit from outside, hence the hold.
 """
 

@@ -11,36 +11,17 @@ import asyncio
 import collections
 import json
 import os
-import re
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import held_request, trainjobs
+from conftest import held_request, request_totals, trainjobs
 from trainflow.core.result import JobState
 
 N = int(os.environ.get("RELIABILITY_LOAD_JOBS", "50"))
 OUT = Path(os.environ.get("TRAINFLOW_RELIABILITY_OUT", "/tmp/trainflow-reliability"))
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(max(900, N * 12))]
-
-_METRIC = re.compile(r"^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$")
-
-
-def request_totals(testbed) -> collections.Counter[str]:
-    from kubernetes import client
-
-    resp = client.ApiClient.call_api(
-        testbed.api_client, "/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False
-    )[0]
-    out: collections.Counter[str] = collections.Counter()
-    for line in resp.data.decode().splitlines():
-        m = _METRIC.match(line)
-        if m:
-            labels = dict(kv.split("=", 1) for kv in re.findall(r'(\w+="[^"]*")', m.group(1)))
-            verb, resource = labels.get("verb", "").strip('"'), labels.get("resource", "").strip('"')
-            out[f"{verb} {resource}"] += int(float(m.group(2)))
-    return out
 
 
 def test_n_jobs_submitted_and_waited_by_one_process(testbed, k8s, namespace, kube_backend) -> None:

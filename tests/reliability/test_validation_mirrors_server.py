@@ -57,6 +57,10 @@ def test_the_server_refuses_it_too(
     runtime = kube_backend.get_runtime(req["runtime"])
     with mock.patch("trainflow.core.manifest.validate_request"):
         manifest = build_trainjob(req, runtime, namespace=namespace)
-    with pytest.raises(Exception) as info:
-        kube_backend.api.create_trainjob(namespace, manifest, dry_run=True)
+    with pytest.raises(Exception) as info:  # the server itself, through the raw client: the oracle
+        kube_backend.api.custom.create_namespaced_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", manifest, dry_run="All"
+        )
     assert getattr(info.value, "status", None) == status, info.value
+    with pytest.raises(InvalidRequest):  # and through trainflow's API boundary: a bad request, not a crash
+        kube_backend.dry_run(manifest)

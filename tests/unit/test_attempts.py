@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainflow.core import get_backend, result_from_trainjob
+from trainflow.core import get_backend, render, result_from_trainjob
 
 REQUEST = {"idempotency_key": "dag/run/task", "command": ["python3", "-c", "pass"]}
 
 
 def test_attempts_have_distinct_stable_names_and_labels(tmp_path: Path) -> None:
     backend = get_backend("local", home=tmp_path)
-    first = backend.render(REQUEST)
-    second = backend.render(REQUEST, attempt=2)
+    first = render(backend, REQUEST)
+    second = render(backend, REQUEST, attempt=2)
     assert first["metadata"]["name"] != second["metadata"]["name"]
-    assert second["metadata"]["name"] == backend.render(REQUEST, attempt=2)["metadata"]["name"]
+    assert second["metadata"]["name"] == render(backend, REQUEST, attempt=2)["metadata"]["name"]
     assert second["metadata"]["name"].endswith("-2")
     assert (
         first["metadata"]["labels"]["trainflow.dev/key"] == second["metadata"]["labels"]["trainflow.dev/key"]
@@ -24,7 +24,7 @@ def test_attempts_have_distinct_stable_names_and_labels(tmp_path: Path) -> None:
 
 
 def test_result_reports_labels_and_attempt(tmp_path: Path) -> None:
-    manifest = get_backend("local", home=tmp_path).render(REQUEST, attempt=3)
+    manifest = render(get_backend("local", home=tmp_path), REQUEST, attempt=3)
     result = result_from_trainjob(manifest)
     assert result.attempt == 3
     assert result.labels["app.kubernetes.io/managed-by"] == "trainflow"

@@ -8,7 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from trainflow.core import InvalidRequest, build_trainjob, local_catalog, parse_request
-from trainflow.kfp import runner
+from trainflow.kfp import artifacts
+from trainflow.kfp import params as kparams
+from trainflow.kfp import task_config as tcfg
 
 TORCH = next(r for r in local_catalog() if r.name == "torch-distributed")
 
@@ -29,9 +31,9 @@ def task_config(**kw: object) -> SimpleNamespace:
 
 def test_identity_key_is_stable_and_separates_arguments() -> None:
     params = {"function": "m:f", "function_kwargs": {"epochs": 1}}
-    a = runner.identity_key(idempotency_key=None, run_id="run-1", task_name="train-job", params=params)
-    b = runner.identity_key(idempotency_key=None, run_id="run-1", task_name="train-job", params=dict(params))
-    other = runner.identity_key(
+    a = kparams.identity_key(idempotency_key=None, run_id="run-1", task_name="train-job", params=params)
+    b = kparams.identity_key(idempotency_key=None, run_id="run-1", task_name="train-job", params=dict(params))
+    other = kparams.identity_key(
         idempotency_key=None,
         run_id="run-1",
         task_name="train-job",
@@ -39,13 +41,13 @@ def test_identity_key_is_stable_and_separates_arguments() -> None:
     )
     assert a == b and a is not None and a.startswith("train-job/run-1/")
     assert other != a  # ParallelFor iterations with different arguments get different jobs
-    assert runner.identity_key(idempotency_key="mine", run_id="r", task_name="t", params=params) == "mine"
+    assert kparams.identity_key(idempotency_key="mine", run_id="r", task_name="t", params=params) == "mine"
 
 
 def test_identity_key_ignores_unresolved_placeholders(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KFP_RUN_ID", raising=False)
     assert (
-        runner.identity_key(
+        kparams.identity_key(
             idempotency_key=None,
             run_id="{{$.pipeline_job_uuid}}",
             task_name="{{$.pipeline_task_name}}",
@@ -54,14 +56,14 @@ def test_identity_key_ignores_unresolved_placeholders(monkeypatch: pytest.Monkey
         is None
     )
     monkeypatch.setenv("KFP_RUN_ID", "from-env")
-    key = runner.identity_key(
+    key = kparams.identity_key(
         idempotency_key=None, run_id="{{$.pipeline_job_uuid}}", task_name="t", params={}
     )
     assert key is not None and key.startswith("t/from-env/")
 
 
 def test_build_request_fields_drops_unset_and_rejects_duplicates_in_extra() -> None:
-    fields = runner.build_request_fields(
+    fields = kparams.build_request_fields(
         {
             "runtime": "torch-distributed",
             "image": "",
@@ -73,7 +75,7 @@ def test_build_request_fields_drops_unset_and_rejects_duplicates_in_extra() -> N
     )
     assert fields == {"runtime": "torch-distributed", "num_nodes": 2, "queue": "q"}
     with pytest.raises(InvalidRequest) as err:
-        runner.build_request_fields({"num_nodes": 2, "extra": {"num_nodes": 3}})
+        kparams.build_request_fields({"num_nodes": 2, "extra": {"num_nodes": 3}})
     assert err.value.fields == ["extra.num_nodes"]
 
 
@@ -99,7 +101,7 @@ def test_task_config_maps_onto_request_and_renders() -> None:
             {"name": "cfg", "mountPath": "/etc/cfg"},
         ],
     )
-    fields = runner.apply_task_config({"function": "m:f", "env": {"A": "explicit"}}, tc)
+    fields = tcfg.apply_task_config({"function": "m:f", "env": {"A": "explicit"}}, tc)
     assert fields["env"] == {"A": "explicit"}  # the step parameter wins over the TaskConfig
     assert fields["secret_env"] == {"HF_TOKEN": "hf/token"}
     assert fields["resources"]["limits"]["nvidia.com/gpu"] == "1"
@@ -111,7 +113,7 @@ def test_task_config_maps_onto_request_and_renders() -> None:
         "env"
     ]
     patches = manifest["spec"]["runtimePatches"]
-    ours = [p for p in patches if p["manager"] == runner.AFFINITY_MANAGER]
+    ours = [p for p in patches if p["manager"] == tcfg.AFFINITY_MANAGER]
     assert len(ours) == 1
     pod = ours[0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"][
         "template"
@@ -127,24 +129,24 @@ def test_workspace_volume_found_by_mount_path() -> None:
         volumes=[{"name": "ws", "persistentVolumeClaim": {"claimName": "pvc-ws"}}],
         volume_mounts=[{"name": "ws", "mountPath": "/kfp-workspace"}],
     )
-    vol = runner.workspace_volume(tc, "/kfp-workspace")
+    vol = tcfg.workspace_volume(tc, "/kfp-workspace")
     assert vol is not None and vol["claim_name"] == "pvc-ws" and vol["mount_path"] == "/kfp-workspace"
-    assert runner.workspace_volume(task_config(), "/kfp-workspace") is None
+    assert tcfg.workspace_volume(task_config(), "/kfp-workspace") is None
 
 
 def test_dataset_artifact_becomes_dataset_uri_or_env(tmp_path: Path) -> None:
     s3 = SimpleNamespace(uri="s3://bucket/data", path="/nonexistent")
-    assert runner.dataset_field({}, s3)["dataset_uri"] == "s3://bucket/data"  # type: ignore[arg-type]
+    assert artifacts.dataset_field({}, s3)["dataset_uri"] == "s3://bucket/data"  # type: ignore[arg-type]
     (tmp_path / "d").mkdir()
     local = SimpleNamespace(uri="gs://b/d", path=str(tmp_path / "d"))
-    fields = runner.dataset_field({"env": {"X": "1"}}, local)  # type: ignore[arg-type]
+    fields = artifacts.dataset_field({"env": {"X": "1"}}, local)  # type: ignore[arg-type]
     assert fields["env"] == {
         "X": "1",
         "TRAINFLOW_DATASET_URI": "gs://b/d",
         "TRAINFLOW_DATASET_PATH": str(tmp_path / "d"),
     }
     with pytest.raises(InvalidRequest) as err:
-        runner.dataset_field({"dataset_uri": "hf://x"}, s3)  # type: ignore[arg-type]
+        artifacts.dataset_field({"dataset_uri": "hf://x"}, s3)  # type: ignore[arg-type]
     assert err.value.fields == ["dataset"]
 
 
@@ -153,13 +155,13 @@ def test_copy_model_from_file_uri(tmp_path: Path) -> None:
     (src / "sub").mkdir(parents=True)
     (src / "model.pt").write_bytes(b"w")
     (src / "sub" / "x.json").write_text("{}")
-    found = runner.local_dir(src.as_uri())
+    found = artifacts.local_dir(src.as_uri())
     assert found == src
-    assert runner.local_dir("s3://bucket/x") is None
-    files = runner.copy_model(found, str(tmp_path / "model"))
+    assert artifacts.local_dir("s3://bucket/x") is None
+    files = artifacts.copy_model(found, str(tmp_path / "model"))
     assert files == ["model.pt", "sub/x.json"]
     assert (tmp_path / "model" / "model.pt").read_bytes() == b"w"
 
 
 def test_numeric_metrics_skip_text_and_bools() -> None:
-    assert runner.numeric_metrics({"loss": 0.5, "n": 2, "tag": "x", "ok": True}) == {"loss": 0.5, "n": 2.0}
+    assert artifacts.numeric_metrics({"loss": 0.5, "n": 2, "tag": "x", "ok": True}) == {"loss": 0.5, "n": 2.0}

@@ -51,8 +51,8 @@ def test_kubeconfig_file_context_namespace_and_private_config(tmp_path, monkeypa
     path.write_text(yaml.safe_dump(kubeconfig("https://127.0.0.1:6443", {"a": "team-a", "b": "team-b"}, "a")))
     cc = load_cluster_config(kubeconfig=str(path))
     assert (cc.server, cc.namespace, cc.context) == ("https://127.0.0.1:6443", "team-a", "a")
-    assert "Bearer t0ken" in cc.configuration.api_key.values()
-    assert cc.configuration.retries is False  # tenacity is the only retry layer
+    assert "Bearer t0ken" in cc.sync_configuration().api_key.values()
+    assert cc.sync_configuration().retries is False  # tenacity is the only retry layer
     assert load_cluster_config(kubeconfig=str(path), context="b").namespace == "team-b"
     assert load_cluster_config(kubeconfig=str(path), context="b", namespace="x").namespace == "x"
     # the process-wide default configuration is untouched
@@ -68,6 +68,18 @@ def test_kubeconfig_env_with_several_files(tmp_path, monkeypatch):
     cc = load_cluster_config()
     assert (cc.context, cc.server) == ("one", "https://127.0.0.1:7001")
     assert cc.namespace == "default"
+    # the same a:b list given explicitly (the CLI passes $KUBECONFIG as --kubeconfig), and a context of file
+    # two; its cluster name is taken by file one, and as with kubectl the first file to define a name wins
+    explicit = load_cluster_config(kubeconfig=f"{first}:{second}", context="two")
+    assert (explicit.server, explicit.namespace) == ("https://127.0.0.1:7001", "ns-two")
+    assert "Bearer t0ken" in explicit.sync_configuration().api_key.values()
+
+
+def test_unknown_context_names_the_choices(tmp_path, monkeypatch):
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(kubeconfig("https://127.0.0.1:6443", {"a": None, "b": None}, "a")))
+    with pytest.raises(BackendError, match=r"context 'c' not found .*contexts: a, b"):
+        load_cluster_config(kubeconfig=str(path), context="c")
 
 
 def test_config_dict_for_airflow_connections(monkeypatch):
@@ -78,8 +90,9 @@ def test_config_dict_for_airflow_connections(monkeypatch):
 
 def test_missing_kubeconfig_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(BackendError, match="no kubeconfig found"):
+    with pytest.raises(BackendError, match="no kubeconfig found") as err:
         load_cluster_config(kubeconfig=str(tmp_path / "nope"))
+    assert "=" not in str(err.value)  # no Python keyword arguments in a message CLI users read
 
 
 def test_in_cluster_without_service_account_is_a_clear_error(monkeypatch):
@@ -110,8 +123,6 @@ def test_token_reaches_the_server_from_sync_and_async_clients(tmp_path, monkeypa
 
     from kubernetes_asyncio import client as async_client
 
-    from trainflow.core.kube.config import async_configuration, new_api_client
-
     seen: list[str | None] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -135,10 +146,10 @@ def test_token_reaches_the_server_from_sync_and_async_clients(tmp_path, monkeypa
         url = f"http://127.0.0.1:{server.server_address[1]}"
         path.write_text(yaml.safe_dump(kubeconfig(url, {"a": "ns"}, "a")))
         cc = load_cluster_config(kubeconfig=str(path))
-        k8s_client.VersionApi(new_api_client(cc)).get_code()
+        k8s_client.VersionApi(k8s_client.ApiClient(cc.sync_configuration())).get_code()
 
         async def async_get():
-            async with async_client.ApiClient(async_configuration(cc)) as api:
+            async with async_client.ApiClient(await cc.async_configuration()) as api:
                 await async_client.VersionApi(api).get_code()
 
         asyncio.run(async_get())

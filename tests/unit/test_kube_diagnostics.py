@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from trainflow.core.errors import Diagnostics
 from trainflow.core.kube.diagnostics import collect, event_lines, has_creation_failure, pod_problems
+from trainflow.core.kube.plan import run
 
 
 def pod(
@@ -129,14 +130,6 @@ def test_event_lines_warning_only_dedup_sorted_and_bounded():
     assert len(event_lines(many)) == 20
 
 
-class FakeLogResp:
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def read(self) -> bytes:
-        return self.text.encode()
-
-
 class FakeApi:
     def __init__(self) -> None:
         self.calls: list[str] = []
@@ -158,14 +151,14 @@ class FakeApi:
             }
         ]
 
-    def pod_log(self, namespace, pod, container, **kw):
+    def log_text(self, namespace, pod, container, **kw):
         self.calls.append(f"log {pod}/{container} tail={kw.get('tail_lines')}")
-        return FakeLogResp("\n".join(f"line {i}" for i in range(100)) + "\nTraceback: boom\n")
+        return "\n".join(f"line {i}" for i in range(100)) + "\nTraceback: boom\n"
 
 
 def test_collect_is_bounded_and_complete():
     api = FakeApi()
-    diag = collect(api, "ns", "job", tail_lines=5)
+    diag = run(collect("ns", "job", tail_lines=5), api)
     assert isinstance(diag, Diagnostics)
     assert diag.failed_ranks[0]["exit_code"] == 2
     assert diag.events == ["Pod/job-node-0-0 BackOff: restarting"]
@@ -182,23 +175,4 @@ def test_collect_never_raises():
 
             return fail
 
-    assert collect(Broken(), "ns", "job").lines() == []
-
-
-def test_waiter_never_reports_a_running_job_back_to_created():
-    """Trainer v2.3.0 publishes all-zero jobsStatus between a pod failing and Failed (seen on the testbed)."""
-    from trainflow.core.kube.backend import KubernetesBackend
-    from trainflow.core.result import JobState
-
-    seen = []
-    observe = KubernetesBackend._tracker(None, seen.append)  # type: ignore[arg-type]
-    base = {"metadata": {"name": "j", "namespace": "n"}, "spec": {}}
-    running = {**base, "status": {"jobsStatus": [{"name": "node", "active": 2}]}}
-    zeros = {**base, "status": {"jobsStatus": [{"name": "node", "active": 0, "ready": 0, "succeeded": 0}]}}
-    failed = {
-        **base,
-        "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "FailedJobs"}]},
-    }
-    for obj in (zeros, running, zeros, failed):
-        observe(obj)
-    assert [r.state for r in seen] == [JobState.CREATED, JobState.RUNNING, JobState.FAILED]
+    assert run(collect("ns", "job"), Broken()).lines() == []

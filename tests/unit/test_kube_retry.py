@@ -9,10 +9,10 @@ import pytest
 import urllib3
 from kubernetes.client import ApiException
 
-from trainflow.core.errors import BackendError, TrainJobConflict
+from trainflow.core.errors import AlreadyExists, BackendError, OutcomeUnknown
 from trainflow.core.kube import retry
-from trainflow.core.kube.backend import KubernetesBackend
-from trainflow.core.naming import KEY_LABEL, MANAGED_BY_LABEL
+from trainflow.core.kube.client import KubeApi
+from trainflow.core.kube.config import ClusterConfig
 
 
 def api_error(status: int, headers: dict[str, str] | None = None, body: dict | None = None) -> ApiException:
@@ -131,85 +131,61 @@ async def test_acall_retries_coroutines(monkeypatch):
     assert len(calls) == 3
 
 
-# --- create is never retried blindly ---------------------------------------------------------------
+# --- create is never retried blindly (KubeApi, the API boundary) -----------------------------------
 
 
-class FakeApi:
-    def __init__(self, create_errors, existing=None):
-        self.create_errors = list(create_errors)
-        self.existing = existing
-        self.creates = 0
-        self.gets = 0
+class FakeCustom:
+    """CustomObjectsApi stand-in for KubeApi.create_trainjob: raises the queued errors, then answers."""
 
-    def create_trainjob(self, namespace, body, *, dry_run=False):
-        self.creates += 1
-        if self.create_errors:
-            raise self.create_errors.pop(0)
-        self.existing = {**body, "metadata": {**body["metadata"], "uid": "u-1"}}
-        return self.existing
+    def __init__(self, errors):
+        self.errors = list(errors)
+        self.posts = 0
 
-    def get_trainjob(self, namespace, name):
-        self.gets += 1
-        if self.existing is None:
-            raise api_error(404)
-        return self.existing
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body, **kwargs):
+        self.posts += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return {**body, "metadata": {**body["metadata"], "uid": "u-1"}}
 
 
-def manifest(key="k1"):
-    return {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {
-            "name": "job-a",
-            "namespace": "ns",
-            "labels": {MANAGED_BY_LABEL: "trainflow", KEY_LABEL: key},
-        },
-        "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": {"image": "img:1"}},
-    }
+def kube_api(errors) -> tuple[KubeApi, FakeCustom]:
+    api = KubeApi(ClusterConfig(namespace="ns", server="https://127.0.0.1:1"))
+    custom = FakeCustom(errors)
+    api._client, api._custom = object(), custom
+    return api, custom
 
 
-def backend_with(api) -> KubernetesBackend:
-    backend = object.__new__(KubernetesBackend)
-    backend.api = api
-    backend.namespace = "ns"
-    return backend
+BODY = {"metadata": {"name": "job-a", "namespace": "ns"}, "spec": {}}
 
 
 def test_create_server_error_is_not_retried(monkeypatch):
     monkeypatch.setattr("time.sleep", lambda s: None)
-    api = FakeApi([api_error(503)])
+    api, custom = kube_api([api_error(503)])
     with pytest.raises(BackendError, match="503"):
-        backend_with(api).create_or_adopt("ns", manifest())
-    assert api.creates == 1
+        api.create_trainjob("ns", BODY)
+    assert custom.posts == 1
 
 
-def test_create_lost_answer_checks_by_name_and_adopts(monkeypatch):
-    monkeypatch.setattr("time.sleep", lambda s: None)
-    api = FakeApi([urllib3.exceptions.ProtocolError("aborted", ConnectionResetError())])
-    api.existing = {**manifest(), "metadata": {**manifest()["metadata"], "uid": "u-0"}}  # the POST did land
-    obj = backend_with(api).create_or_adopt("ns", manifest())
-    assert obj["metadata"]["uid"] == "u-0"
-    assert (api.creates, api.gets) == (1, 1)
+def test_create_throttled_is_posted_again_after_retry_after(monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr("time.sleep", slept.append)
+    api, custom = kube_api([api_error(429, {"Retry-After": "2"})])
+    assert api.create_trainjob("ns", BODY)["metadata"]["uid"] == "u-1"
+    assert (custom.posts, slept) == (2, [2.0])
 
 
-def test_create_lost_before_reaching_server_creates_again_after_get(monkeypatch):
-    monkeypatch.setattr("time.sleep", lambda s: None)
-    api = FakeApi([ConnectionRefusedError(111, "refused")])
-    obj = backend_with(api).create_or_adopt("ns", manifest())
-    assert obj["metadata"]["uid"] == "u-1"
-    assert (api.creates, api.gets) == (2, 1)
+@pytest.mark.parametrize(
+    "error",
+    [urllib3.exceptions.ProtocolError("aborted", ConnectionResetError()), ConnectionRefusedError(111, "x")],
+)
+def test_create_lost_answer_is_outcome_unknown_not_a_second_post(error):
+    api, custom = kube_api([error])
+    with pytest.raises(OutcomeUnknown):
+        api.create_trainjob("ns", BODY)
+    assert custom.posts == 1
 
 
-def test_already_exists_adopts_same_identity_and_refuses_other():
-    api = FakeApi(
-        [api_error(409)], existing={**manifest(), "metadata": {**manifest()["metadata"], "uid": "u-0"}}
-    )
-    assert backend_with(api).create_or_adopt("ns", manifest())["metadata"]["uid"] == "u-0"
-    api = FakeApi([api_error(409)], existing=manifest(key="other"))
-    with pytest.raises(TrainJobConflict, match=KEY_LABEL):
-        backend_with(api).create_or_adopt("ns", manifest())
-    changed = manifest()
-    changed["spec"]["trainer"]["image"] = "img:2"
-    api = FakeApi([api_error(409)], existing=manifest())
-    with pytest.raises(TrainJobConflict, match=r"spec\.trainer"):
-        backend_with(api).create_or_adopt("ns", changed)
+def test_create_conflict_is_already_exists():
+    api, _ = kube_api([api_error(409)])
+    with pytest.raises(AlreadyExists):
+        api.create_trainjob("ns", BODY)

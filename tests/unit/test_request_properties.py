@@ -83,8 +83,8 @@ def test_request_is_rendered_valid_or_rejected_by_field(data: dict) -> None:
     for key in ("dataset", "model"):
         uri = manifest["spec"].get("initializer", {}).get(key, {}).get("storageUri")
         assert uri is None or URI_RULE.match(uri)
-    exact, prefixes = runtime.reserved_env()
+    reserved = runtime.reserved_env()
     for env in manifest["spec"].get("trainer", {}).get("env", []):
-        assert env["name"] not in exact and not env["name"].startswith(prefixes)
+        assert env["name"] not in reserved
         if "valueFrom" not in env:
             assert env["name"] not in data.get("secret_env", {})

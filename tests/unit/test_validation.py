@@ -111,16 +111,29 @@ def test_mpi_needs_integer_slots() -> None:
     assert err.fields == ["proc_per_node"]
 
 
-def test_mpi_reserved_env_prefix() -> None:
-    err = rejected({"name": "m", "command": ["mpirun"], "env": {"OMPI_MCA_x": "1"}}, "deepspeed-distributed")
-    assert err.fields == ["env.OMPI_MCA_x"]
-
-
-def test_xgboost_reserved_env_prefix() -> None:
+def test_mpi_reserved_env_is_the_four_names_the_trainer_sets() -> None:
+    """Issue 11.4: the Trainer reserves exactly MPIReservedEnvNames; other OMPI_MCA_* settings are the user's."""
     err = rejected(
-        {"name": "x", "command": ["python3"], "env": {"DMLC_NUM_WORKER": "1"}}, "xgboost-distributed"
+        {
+            "name": "m",
+            "command": ["mpirun"],
+            "env": {"OMPI_MCA_plm_rsh_args": "-x", "OMPI_MCA_orte_set_default_slots": "2"},
+        },
+        "deepspeed-distributed",
     )
-    assert err.fields == ["env.DMLC_NUM_WORKER"]
+    assert sorted(err.fields) == ["env.OMPI_MCA_orte_set_default_slots", "env.OMPI_MCA_plm_rsh_args"]
+    env = {"OMPI_MCA_btl_tcp_if_include": "eth0", "OMPI_MCA_x": "1"}
+    manifest = build_trainjob({"name": "m", "command": ["mpirun"], "env": env}, rt("deepspeed-distributed"))
+    assert [e["name"] for e in manifest["spec"]["trainer"]["env"]] == list(env)
+
+
+def test_xgboost_reserved_env_is_the_four_names_the_trainer_sets() -> None:
+    """Issue 11.4: XGBoostReservedEnvNames only; DMLC_WORKER_CONNECT_RETRY and friends pass."""
+    for name in ("DMLC_TRACKER_URI", "DMLC_TRACKER_PORT", "DMLC_TASK_ID", "DMLC_NUM_WORKER"):
+        err = rejected({"name": "x", "command": ["python3"], "env": {name: "1"}}, "xgboost-distributed")
+        assert err.fields == [f"env.{name}"]
+    env = {"DMLC_WORKER_CONNECT_RETRY": "5", "DMLC_LOG_LEVEL": "debug"}
+    build_trainjob({"name": "x", "command": ["python3"], "env": env}, rt("xgboost-distributed"))
 
 
 def test_jax_reserved_env() -> None:
@@ -131,10 +144,17 @@ def test_jax_reserved_env() -> None:
 def test_torchtune_command_convention() -> None:
     err = rejected({"name": "t", "command": ["python3", "x.py"]}, "torchtune-llama3.2-1b")
     assert err.fields == ["command"]
+    err = rejected(
+        {"name": "t", "command": ["tune", "run", "full_finetune_distributed"]}, "torchtune-llama3.2-1b"
+    )
+    assert err.fields == ["command"]
     err = rejected({"name": "t", "args": ["epochs"]}, "torchtune-llama3.2-1b")
     assert err.fields == ["args[0]"]
-    ok = build_trainjob({"name": "t", "args": ["epochs=1"]}, rt("torchtune-llama3.2-1b"))
-    assert ok["spec"]["trainer"] == {"args": ["epochs=1"]}
+    ok = build_trainjob(
+        {"name": "t", "command": ["tune", "run"], "args": ["epochs=1"]}, rt("torchtune-llama3.2-1b")
+    )
+    assert ok["spec"]["trainer"]["command"] == ["tune", "run"]
+    assert ok["spec"]["trainer"]["args"][-1] == "epochs=1"
 
 
 def test_name_limit_depends_on_the_runtimes_step_names() -> None:

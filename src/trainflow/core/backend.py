@@ -1,17 +1,20 @@
-"""One interface over where TrainJobs run: a Kubernetes cluster, or the embedded local engine."""
+"""One interface over where TrainJobs run: a Kubernetes cluster, or the embedded local engine.
+
+A backend does the I/O; the rules sit above it: ``lifecycle`` (identity, attempts, adoption) and ``observe``
+(reading status while waiting). ``submit`` is ``lifecycle.launch(...).ref``.
+"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from trainflow.core.observe import UpdateCallback
 from trainflow.core.request import TrainJobRequest
 from trainflow.core.result import JobRef, TrainJobResult
 from trainflow.core.runtimes import Runtime
 
 BackendName = Literal["kubernetes", "local"]
-UpdateCallback = Callable[[TrainJobResult], None]
 
 
 @runtime_checkable
@@ -20,22 +23,39 @@ class Backend(Protocol):
 
     name: str
     namespace: str
+    is_local: bool
 
+    # --- runtimes ------------------------------------------------------------------------------------
     def runtimes(self) -> list[Runtime]:
         """Training runtimes this backend can run TrainJobs on."""
 
-    def get_runtime(self, name: str, kind: str = "ClusterTrainingRuntime") -> Runtime:
+    def get_runtime(
+        self, name: str, kind: str = "ClusterTrainingRuntime", namespace: str | None = None
+    ) -> Runtime:
         """One runtime by name; ``RuntimeNotFound`` when it does not exist."""
 
-    def render(self, request: TrainJobRequest, *, attempt: int = 1) -> dict[str, Any]:
-        """The TrainJob manifest this backend would submit, validated; submits nothing."""
+    # --- the primitives ``lifecycle.launch`` builds on -------------------------------------------------
+    def find(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """TrainJob objects in ``namespace`` carrying all ``labels``."""
 
-    def submit(self, request: TrainJobRequest, *, dry_run: bool = False, attempt: int = 1) -> JobRef:
-        """Validate and create the TrainJob; adopt an existing one with the same identity.
+    def read(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One TrainJob object, or None when it does not exist."""
 
-        ``attempt`` > 1 derives a new name from the idempotency key (``<slug>-<hash>-<attempt>``) and labels
-        it, so a retry after a failed or deleted job starts fresh instead of re-reading the failure.
-        """
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Create once; ``AlreadyExists`` when the name is taken, ``OutcomeUnknown`` when the answer was lost."""
+
+    def adopt(self, obj: Mapping[str, Any]) -> None:
+        """Take over an existing TrainJob of this request (the local engine starts one that never started)."""
+
+    def dry_run(self, manifest: dict[str, Any]) -> None:
+        """Validate the manifest as far as the backend can (server-side dry run); create nothing."""
+
+    # --- jobs ----------------------------------------------------------------------------------------
+    def submit(self, request: TrainJobRequest | Mapping[str, Any], *, dry_run: bool = False) -> JobRef:
+        """``lifecycle.launch``: create, reattach to, or reuse this request's TrainJob."""
+
+    def render(self, request: TrainJobRequest | Mapping[str, Any], *, attempt: int = 1) -> dict[str, Any]:
+        """``lifecycle.render``: the validated TrainJob manifest this backend would create; creates nothing."""
 
     def get(self, ref: JobRef | str) -> TrainJobResult:
         """Current state of one TrainJob; ``TrainJobNotFound`` if it does not exist."""
@@ -83,22 +103,6 @@ class Backend(Protocol):
 
     def resume(self, ref: JobRef | str) -> TrainJobResult:
         """Clear spec.suspend."""
-
-
-def resolve_deadline(timeout: float | None, deadline: float | None) -> float | None:
-    """Turn a relative timeout and/or an absolute deadline into one absolute deadline."""
-    candidates = [d for d in (deadline, time.time() + timeout if timeout is not None else None) if d]
-    return min(candidates) if candidates else None
-
-
-def as_ref(ref: JobRef | str, namespace: str) -> JobRef:
-    """Accept ``name``, ``namespace/name`` or a JobRef."""
-    if isinstance(ref, JobRef):
-        return ref
-    if "/" in ref:
-        ns, _, name = ref.partition("/")
-        return JobRef(name=name, namespace=ns)
-    return JobRef(name=ref, namespace=namespace)
 
 
 def get_backend(name: BackendName | str = "local", **config: Any) -> Backend:

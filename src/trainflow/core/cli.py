@@ -1,93 +1,33 @@
 """The ``trainflow`` command: render, submit, status, wait, logs, cancel, list, runtimes.
 
-Exit codes: 0 success, 1 the job failed (or the wait timed out), 2 bad input. Never a traceback for
-expected errors. Uses click (well kept, composable) and rich for the live display on a terminal.
+Exit codes: 0 success, 1 the job failed (or the wait timed out), 2 bad input (nothing was submitted). Never a
+traceback for expected errors. click (well kept, composable) for the commands, rich for the live display.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from importlib import metadata
 from typing import Any
 
 import click
 import yaml
 
 from trainflow.core.backend import Backend, get_backend
+from trainflow.core.cli_request import BadInput, collect, request_options
 from trainflow.core.errors import InvalidRequest, TrainflowError, TrainJobFailed, WaitTimeout
-from trainflow.core.request import TrainJobRequest
-from trainflow.core.result import TrainJobResult
-from trainflow.core.validation import parse_request
+from trainflow.core.lifecycle import launch
+from trainflow.core.result import JobRef, TrainJobResult
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
-
-
-class BadInput(click.ClickException):
-    exit_code = EXIT_BAD_INPUT
-
-
-def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise BadInput(f"{option} {item!r}: expected KEY=VALUE")
-        out[key] = value
-    return out
-
-
-def load_request_file(path: str) -> dict[str, Any]:
-    """Read a request from YAML or JSON (``-`` for stdin); errors name the file and line."""
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise BadInput(f"cannot read request file {path}: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise BadInput(f"request file {path}: not UTF-8 text (byte {exc.start})") from None
-    try:
-        data = yaml.safe_load(text) if text.strip() else {}
-    except RecursionError:
-        raise BadInput(f"request file {path}: nested too deeply to be a request") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise BadInput(
-            f"request file {path}{where}: not valid YAML/JSON ({getattr(exc, 'problem', exc)})"
-        ) from None
-    if not isinstance(data, dict):
-        raise BadInput(
-            f"request file {path}: expected a mapping of request fields, got {type(data).__name__}"
-        )
-    return data
-
-
-def _set_values(values: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, text in _pairs(values, "--set").items():
-        try:
-            out[key] = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise BadInput(f"--set {key}: value is not valid YAML") from None
-    return out
-
-
-def build_request(file: str | None, flags: dict[str, Any], command: tuple[str, ...]) -> TrainJobRequest:
-    data: dict[str, Any] = load_request_file(file) if file else {}
-    for key, value in flags.items():
-        if value in (None, (), {}):
-            continue
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        else:
-            data[key] = value
-    if command:
-        data["command"] = list(command)
-    return parse_request(data)
 
 
 def _backend(ctx: click.Context) -> Backend:
@@ -99,15 +39,19 @@ def _backend(ctx: click.Context) -> Backend:
         if opts["home"]:
             config["home"] = opts["home"]
     else:
-        if opts["kubeconfig"]:
-            config["kubeconfig"] = opts["kubeconfig"]
-        if opts["context"]:
-            config["context"] = opts["context"]
-    return get_backend(opts["backend"], **config)
+        for key in ("kubeconfig", "context"):
+            if opts[key]:
+                config[key] = opts[key]
+    backend = get_backend(opts["backend"], **config)
+    if opts["backend"] != "local":  # a command line fails at once on an unreachable server, not after retries
+        from trainflow.core.kube.config import check_reachable
+
+        check_reachable(backend.cluster)  # type: ignore[attr-defined]
+    return backend
 
 
-def _emit(data: Any, as_json: bool) -> None:
-    if as_json:
+def _emit(data: Any, fmt: str) -> None:
+    if fmt == "json":
         click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
     else:
         click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
@@ -124,15 +68,39 @@ def _summary(result: TrainJobResult) -> str:
     return "  ".join(parts)
 
 
+def _describe(result: TrainJobResult) -> str:
+    """A readable multi-line status for people (``--json``/``--yaml`` give the data)."""
+    rows = [
+        ("TrainJob", f"{result.namespace}/{result.name}"),
+        ("State", result.state.value + (f" ({result.reason})" if result.reason else "")),
+        ("Message", result.message or ""),
+        ("Runtime", result.runtime or ""),
+        ("Attempt", str(result.attempt or "")),
+        ("Created", result.created_at.isoformat() if result.created_at else ""),
+        ("Finished", result.finished_at.isoformat() if result.finished_at else ""),
+        ("Duration", f"{result.duration_seconds:.1f}s" if result.duration_seconds is not None else ""),
+        ("Progress", f"{result.progress}%" if result.progress is not None else ""),
+        ("Metrics", ", ".join(f"{k}={v}" for k, v in sorted(result.metrics.items()))),
+        ("Output", result.output_uri or ""),
+    ]
+    return "\n".join(f"{k + ':':10} {v}" for k, v in rows if v)
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
 @contextmanager
-def _progress_display() -> Iterator[Callable[[TrainJobResult], None]]:
-    """A live line on a terminal; plain lines on state changes otherwise (logs, CI)."""
+def _progress_display(started: float) -> Iterator[Callable[[TrainJobResult], None]]:
+    """A live line on a terminal; plain lines on state changes otherwise (logs, CI); both show elapsed time."""
     if sys.stdout.isatty():
         from rich.console import Console
 
-        console = Console()
-        with console.status("waiting...") as status:
-            yield lambda r: status.update(_summary(r))
+        with Console(stderr=True).status("waiting...") as status:
+            yield lambda r: status.update(f"{_summary(r)}  [{time.monotonic() - started:.0f}s]")
     else:
         last: list[tuple[str, int | None]] = []
 
@@ -140,88 +108,57 @@ def _progress_display() -> Iterator[Callable[[TrainJobResult], None]]:
             key = (result.state.value, result.progress)
             if not last or last[-1] != key:
                 last.append(key)
-                click.echo(_summary(result))
+                click.echo(f"{_summary(result)}  (elapsed {time.monotonic() - started:.1f}s)", err=True)
 
         yield plain
 
 
-def _wait_and_report(backend: Backend, ref: Any, timeout: float | None, as_json: bool) -> None:
-    with _progress_display() as on_update:
-        result = backend.wait(ref, timeout, on_update=on_update)
-    _emit(result.to_dict(), as_json)
-
-
-def _request_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    options = [
-        click.argument("command", nargs=-1),
-        click.option("-f", "--file", "file", help="Request file (YAML or JSON; - for stdin)."),
-        click.option("--runtime"),
-        click.option("--runtime-kind", type=click.Choice(["ClusterTrainingRuntime", "TrainingRuntime"])),
-        click.option("--name"),
-        click.option("--idempotency-key"),
-        click.option("--image"),
-        click.option("--arg", "args", multiple=True, help="Trainer argument (repeatable)."),
-        click.option("--function", help="module:function to run as the trainer."),
-        click.option("--kwargs", "function_kwargs", help="JSON object of function keyword arguments."),
-        click.option("--num-nodes", type=int),
-        click.option("--proc-per-node"),
-        click.option("--env", multiple=True, help="KEY=VALUE (repeatable)."),
-        click.option("--secret-env", multiple=True, help="KEY=secret-name/key (repeatable)."),
-        click.option("--label", multiple=True, help="KEY=VALUE (repeatable)."),
-        click.option("--dataset-uri"),
-        click.option("--model-uri"),
-        click.option("--output-uri"),
-        click.option("--queue"),
-        click.option("--suspend", is_flag=True, default=None),
-        click.option("--deadline-seconds", type=int),
-        click.option("--set", "set_values", multiple=True, help="Any request field: FIELD=YAML-VALUE."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
-def _collect(kw: dict[str, Any]) -> TrainJobRequest:
-    kwargs_text = kw.pop("function_kwargs")
-    flags: dict[str, Any] = {
-        "runtime": kw["runtime"],
-        "runtime_kind": kw["runtime_kind"],
-        "name": kw["name"],
-        "idempotency_key": kw["idempotency_key"],
-        "image": kw["image"],
-        "args": list(kw["args"]) or None,
-        "function": kw["function"],
-        "num_nodes": kw["num_nodes"],
-        "env": _pairs(kw["env"], "--env"),
-        "secret_env": _pairs(kw["secret_env"], "--secret-env"),
-        "labels": _pairs(kw["label"], "--label"),
-        "dataset_uri": kw["dataset_uri"],
-        "model_uri": kw["model_uri"],
-        "output_uri": kw["output_uri"],
-        "queue": kw["queue"],
-        "suspend": kw["suspend"],
-        "deadline_seconds": kw["deadline_seconds"],
-    }
-    ppn = kw["proc_per_node"]
-    if ppn is not None:
-        flags["proc_per_node"] = ppn if ppn == "auto" else _int(ppn, "--proc-per-node")
-    if kwargs_text:
+def _follow_logs(backend: Backend, ref: JobRef | str) -> threading.Thread:
+    def pump() -> None:
         try:
-            flags["function_kwargs"] = json.loads(kwargs_text)
-        except json.JSONDecodeError as exc:
-            raise BadInput(f"--kwargs: not valid JSON ({exc.msg})") from None
-    flags.update(_set_values(kw["set_values"]))
-    return build_request(kw["file"], flags, kw["command"])
+            for line in backend.logs(ref, follow=True):
+                click.echo(line.rstrip("\n"))
+        except TrainflowError as exc:
+            click.echo(f"(logs: {exc})", err=True)
+
+    thread = threading.Thread(target=pump, name="trainflow-cli-logs", daemon=True)
+    thread.start()
+    return thread
 
 
-def _int(text: str, option: str) -> int:
+def _wait_and_report(
+    backend: Backend, ref: JobRef | str, timeout: float | None, fmt: str, follow: bool
+) -> None:
+    started = time.monotonic()
+    pump = _follow_logs(backend, ref) if follow else None
+    with _progress_display(started) as on_update:
+        result = backend.wait(ref, timeout, on_update=on_update)
+    if pump is not None:
+        pump.join(timeout=5)
+    click.echo(f"{result.state.value} after {time.monotonic() - started:.1f}s", err=True)
+    _emit(result.to_dict(), fmt)
+
+
+def _timeout(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    if value is not None and (not math.isfinite(value) or value <= 0):
+        raise click.BadParameter("give a finite number of seconds > 0", ctx, param)
+    return value
+
+
+def _output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--yaml", "fmt", flag_value="yaml", help="YAML output.")(fn)
+    return click.option("--json", "fmt", flag_value="json", help="JSON output.")(fn)
+
+
+def _version() -> str:
     try:
-        return int(text)
-    except ValueError:
-        raise BadInput(f"{option}: {text!r} is not a whole number or 'auto'") from None
+        return metadata.version("trainflow")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(_version(), "--version", prog_name="trainflow")
 @click.option(
     "--backend",
     type=click.Choice(["local", "kubernetes"]),
@@ -230,76 +167,91 @@ def _int(text: str, option: str) -> int:
     show_default=True,
     help="Where TrainJobs run: the embedded local engine or a Kubernetes cluster.",
 )
-@click.option("-n", "--namespace", envvar="TRAINFLOW_NAMESPACE")
-@click.option("--kubeconfig", envvar="KUBECONFIG")
-@click.option("--context")
-@click.option("--home", envvar="TRAINFLOW_HOME", help="Local engine state directory.")
+@click.option("-n", "--namespace", envvar="TRAINFLOW_NAMESPACE", help="Namespace (default: the context's).")
+@click.option(
+    "--kubeconfig", envvar="KUBECONFIG", help="Kubeconfig file(s), ':'-separated (default: $KUBECONFIG)."
+)
+@click.option("--context", help="Kubeconfig context (default: the current one).")
+@click.option(
+    "--home", envvar="TRAINFLOW_HOME", help="Local engine state directory (default: $TRAINFLOW_HOME)."
+)
 @click.pass_context
 def cli(ctx: click.Context, /, **opts: Any) -> None:
-    """Run Kubeflow Trainer TrainJobs from the command line, a cluster or this machine."""
+    """Run Kubeflow Trainer TrainJobs on a cluster or on this machine."""
     ctx.obj = opts
 
 
 @cli.command()
-@_request_options
-@click.option("--json", "as_json", is_flag=True, help="JSON instead of YAML.")
+@request_options
+@_output_option
 @click.pass_context
-def render(ctx: click.Context, /, as_json: bool, **kw: Any) -> None:
-    """Print the TrainJob manifest for a request; submits nothing."""
-    request = _collect(kw)
-    _emit(_backend(ctx).render(request), as_json)
+def render(ctx: click.Context, /, fmt: str | None, **kw: Any) -> None:
+    """Print the TrainJob manifest for a request; creates nothing."""
+    _emit(_backend(ctx).render(collect(kw)), fmt or "yaml")
 
 
 @cli.command()
-@_request_options
+@request_options
 @click.option("--wait/--no-wait", "wait", default=False, help="Wait for the job to finish.")
-@click.option("--timeout", type=float)
+@click.option("--follow", is_flag=True, help="With --wait: print rank 0's log while waiting.")
+@click.option("--timeout", type=float, callback=_timeout, help="With --wait: give up after SECONDS.")
 @click.option(
-    "--dry-run", is_flag=True, help="Validate with the backend (server-side dry run); create nothing."
+    "--dry-run", is_flag=True, help="Validate (on a cluster: a server-side dry run); create nothing."
 )
-@click.option("--json", "as_json", is_flag=True)
+@_output_option
 @click.pass_context
 def submit(
-    ctx: click.Context, /, wait: bool, timeout: float | None, dry_run: bool, as_json: bool, **kw: Any
+    ctx: click.Context,
+    /,
+    wait: bool,
+    follow: bool,
+    timeout: float | None,
+    dry_run: bool,
+    fmt: str | None,
+    **kw: Any,
 ) -> None:
-    """Validate and submit a TrainJob (adopting an existing one with the same identity)."""
-    request = _collect(kw)
+    """Create a TrainJob, or reattach to / reuse the one with the same identity."""
+    request = collect(kw)
     backend = _backend(ctx)
-    ref = backend.submit(request, dry_run=dry_run)
-    if dry_run:
-        click.echo(f"dry run ok: {ref}")
-        return
-    click.echo(f"submitted {ref}", err=as_json)
-    if wait:
-        _wait_and_report(backend, ref, timeout, as_json)
+    launched = launch(backend, request, dry_run=dry_run)
+    for line in launched.history():
+        click.echo(line, err=True)
+    click.echo(launched.summary, err=bool(fmt))
+    if wait and not dry_run:
+        _wait_and_report(backend, launched.ref, timeout, fmt or "yaml", follow)
 
 
 @cli.command()
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True)
+@_output_option
 @click.pass_context
-def status(ctx: click.Context, name: str, as_json: bool) -> None:
-    """Show one TrainJob's state, times, progress and metrics."""
-    _emit(_backend(ctx).get(name).to_dict(), as_json)
+def status(ctx: click.Context, name: str, fmt: str | None) -> None:
+    """Show one TrainJob: state, reason, times, progress, metrics, output."""
+    result = _backend(ctx).get(name)
+    if fmt:
+        _emit(result.to_dict(), fmt)
+    else:
+        click.echo(_describe(result))
 
 
 @cli.command()
 @click.argument("name")
-@click.option("--timeout", type=float)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--timeout", type=float, callback=_timeout, help="Give up after SECONDS (exit 1).")
+@click.option("--follow", is_flag=True, help="Print rank 0's log while waiting.")
+@_output_option
 @click.pass_context
-def wait(ctx: click.Context, name: str, timeout: float | None, as_json: bool) -> None:
+def wait(ctx: click.Context, name: str, timeout: float | None, follow: bool, fmt: str | None) -> None:
     """Wait until a TrainJob completes (exit 0) or fails (exit 1)."""
-    _wait_and_report(_backend(ctx), name, timeout, as_json)
+    _wait_and_report(_backend(ctx), name, timeout, fmt or "yaml", follow)
 
 
 @cli.command()
 @click.argument("name")
-@click.option("-f", "--follow", is_flag=True)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows, until the job ends.")
 @click.option(
-    "--step", default="node-0", show_default=True, help="node-N, dataset-initializer, model-initializer"
+    "--step", default="node-0", show_default=True, help="node-N, dataset-initializer, model-initializer."
 )
-@click.option("--tail", "tail_lines", type=int)
+@click.option("--tail", "tail_lines", type=click.IntRange(min=0), help="Only the last N lines.")
 @click.pass_context
 def logs(ctx: click.Context, name: str, follow: bool, step: str, tail_lines: int | None) -> None:
     """Print (or follow) the log of one step; node-0 is rank 0."""
@@ -318,53 +270,58 @@ def cancel(ctx: click.Context, name: str) -> None:
 
 @cli.command(name="list")
 @click.option("-l", "--label", multiple=True, help="KEY=VALUE filter (repeatable).")
-@click.option("--json", "as_json", is_flag=True)
+@_output_option
 @click.pass_context
-def list_jobs(ctx: click.Context, label: tuple[str, ...], as_json: bool) -> None:
+def list_jobs(ctx: click.Context, label: tuple[str, ...], fmt: str | None) -> None:
     """List TrainJobs."""
-    results = _backend(ctx).list(_pairs(label, "--label") or None)
-    if as_json:
-        _emit([r.to_dict() for r in results], True)
-    else:
-        for result in results:
-            click.echo(_summary(result))
+    labels = dict(item.partition("=")[::2] for item in label)
+    if any(not k for k in labels):
+        raise BadInput("--label: expected KEY=VALUE")
+    results = _backend(ctx).list(labels or None)
+    if fmt:
+        _emit([r.to_dict() for r in results], fmt)
+        return
+    rows = [
+        [
+            r.name,
+            r.state.value,
+            r.reason or "",
+            r.runtime or "",
+            str(r.attempt or ""),
+            f"{r.duration_seconds:.0f}s" if r.duration_seconds is not None else "",
+        ]
+        for r in results
+    ]
+    click.echo(_table(["name", "state", "reason", "runtime", "attempt", "duration"], rows))
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True)
+@_output_option
 @click.pass_context
-def runtimes(ctx: click.Context, as_json: bool) -> None:
-    """List training runtimes (framework, policy, steps)."""
+def runtimes(ctx: click.Context, fmt: str | None) -> None:
+    """List training runtimes (framework, ML policy, steps)."""
     items = [r.summary() for r in _backend(ctx).runtimes()]
-    if as_json:
-        _emit(items, True)
-    else:
-        for item in items:
-            click.echo(
-                f"{item['name']:32} {item['kind']:24} {item['framework'] or '-':10} {item['policy'] or '-'}"
-            )
+    if fmt:
+        _emit(items, fmt)
+        return
+    rows = [[i["name"], i["kind"], i["framework"] or "", i["policy"] or ""] for i in items]
+    click.echo(_table(["name", "kind", "framework", "policy"], rows))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point with the documented exit codes."""
     try:
-        cli.main(args=argv, standalone_mode=False)
+        cli.main(args=argv, standalone_mode=False, prog_name="trainflow")
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130
     except click.ClickException as exc:
         exc.show()
-        return exc.exit_code
+        return EXIT_BAD_INPUT if isinstance(exc, click.UsageError) else exc.exit_code
     except InvalidRequest as exc:
         click.echo(f"error: {exc}", err=True)
         return EXIT_BAD_INPUT
-    except TrainJobFailed as exc:
-        click.echo(f"error: {exc}", err=True)
-        return EXIT_FAILED
-    except WaitTimeout as exc:
-        click.echo(f"error: {exc}", err=True)
-        return EXIT_FAILED
-    except TrainflowError as exc:
+    except (TrainJobFailed, WaitTimeout, TrainflowError) as exc:
         click.echo(f"error: {exc}", err=True)
         return EXIT_FAILED
     except click.exceptions.Exit as exc:

@@ -67,6 +67,31 @@ class BackendError(TrainflowError):
     """The backend (API server, local engine) could not do what was asked."""
 
 
+class Transient(BackendError):
+    """The API server was unreachable, throttling (429) or failing (5xx) through every retry; a long wait keeps
+    trying, a single call gives up."""
+
+
+class NotFound(BackendError, LookupError):
+    """An object other than the TrainJob itself (a runtime, a pod) does not exist."""
+
+
+class Unauthorized(BackendError):
+    """HTTP 401: the API server rejected the credentials (expired or wrong)."""
+
+
+class PermissionDenied(BackendError):
+    """The identity in use may not do this; the message names the verb and resource to grant."""
+
+
+class AlreadyExists(BackendError):
+    """A create found the name taken (HTTP 409): the caller looks at what exists before doing anything."""
+
+
+class OutcomeUnknown(BackendError):
+    """A create's answer was lost (connection error): it may or may not have happened."""
+
+
 class WaitTimeout(TrainflowError, TimeoutError):
     """The deadline passed before the TrainJob reached a terminal state; the job was left as it is."""
 

@@ -1,59 +1,105 @@
-"""Ship a Python function into a TrainJob command: source (or import path) as code, kwargs as JSON argv.
+"""Ship a Python function into a TrainJob command: its own source text (or import path) as code, kwargs as JSON.
 
-The kwargs never become code: they travel as one JSON argument and are decoded with json.loads, so
-a kwarg value cannot execute anything in the trainer (the Kubeflow SDK renders a repr'd dict instead).
+The source is the user's text with the decorators cut off (found with tokenize), never regenerated from
+an AST: ``ast.unparse`` on a Python >= 3.12 client writes PEP 701 f-strings that the Python 3.10 runtime
+images cannot parse. ``from __future__ import annotations`` keeps annotations from being evaluated in
+the trainer, where the caller's imports do not exist. The kwargs never become code: they travel as one
+JSON argument (the Kubeflow SDK renders a repr'd dict into the script instead).
 """
 
 from __future__ import annotations
 
-import ast
 import inspect
+import io
 import json
 import re
 import textwrap
-from collections.abc import Callable, Mapping
-from typing import Any
+import tokenize
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from trainflow.core.errors import InvalidRequest
+from trainflow.core.errors import FieldIssue, InvalidRequest
+
+if TYPE_CHECKING:  # not at run time: this module stays loadable alone (no pydantic), on any Python
+    from trainflow.core.request import TrainJobRequest
 
 FUNCTION_REF = re.compile(
     r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 )
+MPI_HOSTFILE = "/etc/mpi/hostfile"
+PIP_INDEX_URL = re.compile(r"^(https?|file)://\S+$")
+URL_CREDENTIALS = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*:[^/?#@]*@")
 
+_HEADER = "from __future__ import annotations\n"
 _CALL = """
 import json as _tf_json, sys as _tf_sys
 _tf_kwargs = _tf_json.loads(_tf_sys.argv[1]) if len(_tf_sys.argv) > 1 else {}
 """
 
+# Installs packages_to_install once per node (a lock + marker shared by the ranks of a pod), per user
+# first and system-wide if that fails (as the Kubeflow SDK does), then execs the rest of argv.
+_INSTALL = """import fcntl, hashlib, json, os, subprocess, sys, tempfile
+spec = json.loads(sys.argv[1])
+base = os.path.join(tempfile.gettempdir(), "trainflow-pip-" + hashlib.sha256(sys.argv[1].encode()).hexdigest()[:16])
+with open(base + ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not os.path.exists(base + ".done"):
+        env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_BREAK_SYSTEM_PACKAGES="1")
+        for extra in ([], ["--user"]):  # no pip in the image: bootstrap it (system, else per user)
+            if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode:
+                subprocess.run([sys.executable, "-m", "ensurepip", *extra], capture_output=True)
+        pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-warn-script-location"]
+        for i, url in enumerate(spec["index_urls"]):
+            pip += ["--index-url" if i == 0 else "--extra-index-url", url]
+        out = []
+        for extra in (["--user"], []):
+            run = subprocess.run(pip + extra + spec["packages"], env=env, capture_output=True, text=True)
+            out.append(run.stdout + run.stderr)
+            if run.returncode == 0:
+                break
+        else:
+            sys.stderr.write("".join(out) + "trainflow: pip could not install " + " ".join(spec["packages"]) + "\\n")
+            sys.exit(1)
+        print("trainflow: installed " + " ".join(spec["packages"]), flush=True)
+        open(base + ".done", "w").close()
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _without_decorators(source: str) -> str:
+    """The source from the ``def`` / ``async def`` line on: decorator lines (and comments among them) cut."""
+    depth = 0
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.OP and tok.string in "([{":
+            depth += 1
+        elif tok.type == tokenize.OP and tok.string in ")]}":
+            depth -= 1
+        elif tok.type == tokenize.NAME and tok.string in ("def", "async") and depth == 0:
+            return "".join(source.splitlines(keepends=True)[tok.start[0] - 1 :])
+    raise ValueError("no def statement in the source")
+
 
 def function_source(fn: Callable[..., Any]) -> tuple[str, str]:
-    """Self-contained source of a top-level function, without its decorators, and its name."""
+    """The user's own source text of a top-level function, decorators removed, and its name."""
     name = getattr(fn, "__name__", "")
     if name == "<lambda>" or "<locals>" in getattr(fn, "__qualname__", ""):
         raise InvalidRequest.one(
             "function", f"{fn!r} is a lambda or nested function", "define it at module top level"
         )
+    target = inspect.unwrap(fn)
     try:
-        source = textwrap.dedent(inspect.getsource(inspect.unwrap(fn)))
-    except (OSError, TypeError) as exc:
+        source = _without_decorators(textwrap.dedent(inspect.getsource(target)))
+    except (OSError, TypeError, ValueError, SyntaxError, tokenize.TokenError) as exc:
         raise InvalidRequest.one(
             "function", f"cannot read the source of {fn!r} ({exc})", "pass 'module:function' instead"
         ) from exc
-    tree = ast.parse(source)
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
-            node.decorator_list = []
-            _strip_annotations(node)  # names like 'Any' from the caller's module do not exist in the trainer
-            return ast.unparse(node), name
-    raise InvalidRequest.one("function", f"no top-level def {name!r} in its source", "pass 'module:function'")
-
-
-def _strip_annotations(node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-    args = node.args
-    for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
-        if arg is not None:
-            arg.annotation = None
-    node.returns = None
+    if getattr(target, "__name__", name) != name:
+        raise InvalidRequest.one(
+            "function",
+            f"{fn!r} wraps {target.__name__!r} under another name",
+            "pass 'module:function' instead",
+        )
+    return source if source.endswith("\n") else source + "\n", name
 
 
 def function_code(function: str | Callable[..., Any]) -> str:
@@ -71,25 +117,77 @@ def function_code(function: str | Callable[..., Any]) -> str:
             "    _tf_fn = getattr(_tf_fn, _tf_part)\n" + _CALL + "_tf_fn(**_tf_kwargs)\n"
         )
     source, name = function_source(function)
-    if inspect.iscoroutinefunction(function):
-        return (
-            source + "\n" + _CALL + f"import asyncio as _tf_asyncio\n_tf_asyncio.run({name}(**_tf_kwargs))\n"
-        )
-    return source + "\n" + _CALL + f"{name}(**_tf_kwargs)\n"
+    call = f"{name}(**_tf_kwargs)"
+    if inspect.iscoroutinefunction(inspect.unwrap(function)):
+        call = f"import asyncio as _tf_asyncio\n_tf_asyncio.run({name}(**_tf_kwargs))"
+    return _HEADER + source + _CALL + call + "\n"
 
 
 def encode_kwargs(kwargs: Mapping[str, Any]) -> str:
     return json.dumps(dict(kwargs), sort_keys=True, separators=(",", ":"))
 
 
+def install_prefix(packages: Sequence[str], index_urls: Sequence[str]) -> list[str]:
+    """argv that installs the packages on the node, then runs the argv that follows it."""
+    spec = json.dumps({"packages": list(packages), "index_urls": list(index_urls)}, separators=(",", ":"))
+    return ["python3", "-c", _INSTALL, spec]
+
+
 def function_command(
-    function: str | Callable[..., Any], kwargs: Mapping[str, Any], policy: str | None
+    function: str | Callable[..., Any],
+    kwargs: Mapping[str, Any],
+    policy: str | None,
+    packages: Sequence[str] = (),
+    index_urls: Sequence[str] = (),
 ) -> list[str]:
-    """The argv that runs the function under the runtime's launcher (torchrun, mpirun, or python3)."""
-    code = function_code(function)
-    payload = encode_kwargs(kwargs)
+    """The argv that runs the function under the runtime's launcher (torchrun, mpirun, or python3).
+
+    Packages are installed once per node before torchrun / python3 start; under mpirun each rank runs
+    the install step on its own node (the lock makes the ranks of one node share one install).
+    """
+    run = ["python3", "-c", function_code(function), encode_kwargs(kwargs)]
+    install = install_prefix(packages, index_urls) if packages else []
     if policy == "torch":
-        return ["torchrun", "--no-python", "python3", "-c", code, payload]
+        return [*install, "torchrun", "--no-python", *run]
     if policy == "mpi":
-        return ["mpirun", "--hostfile", "/etc/mpi/hostfile", "python3", "-c", code, payload]
-    return ["python3", "-c", code, payload]
+        return ["mpirun", "--hostfile", MPI_HOSTFILE, *install, *run]
+    return [*install, *run]
+
+
+def check_packages(req: TrainJobRequest) -> list[FieldIssue]:
+    """packages_to_install and pip_index_urls: a function trainer's, pip requirements, index URLs."""
+    issues = []
+    if req.packages_to_install and req.function is None:
+        issues.append(
+            FieldIssue(
+                "packages_to_install",
+                "needs 'function'",
+                "for a container trainer, install them in the image",
+            )
+        )
+    if req.pip_index_urls and not req.packages_to_install:
+        issues.append(FieldIssue("pip_index_urls", "has no effect without packages_to_install", "drop it"))
+    for i, spec in enumerate(req.packages_to_install):
+        if not spec.strip() or spec.startswith("-") or "\0" in spec or len(spec) > 1000:
+            fix = "e.g. 'transformers==4.57.1'; give index URLs in pip_index_urls"
+            issues.append(
+                FieldIssue(f"packages_to_install[{i}]", f"{spec[:80]!r} is not a pip requirement", fix)
+            )
+    for i, url in enumerate(req.pip_index_urls):
+        if URL_CREDENTIALS.match(url):
+            issues.append(
+                FieldIssue(
+                    f"pip_index_urls[{i}]",
+                    "holds credentials (user:password@); they would be stored in the TrainJob in plain text",
+                    "drop it and give the URL as secret_env {'PIP_INDEX_URL': 'secret-name/key'}",
+                )
+            )
+        elif not PIP_INDEX_URL.match(url) or len(url) > 2048:
+            issues.append(
+                FieldIssue(
+                    f"pip_index_urls[{i}]",
+                    f"{url[:80]!r} is not an index URL",
+                    "e.g. https://pypi.org/simple",
+                )
+            )
+    return issues

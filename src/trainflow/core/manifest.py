@@ -5,21 +5,25 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from trainflow.core import initializers, torchtune
 from trainflow.core.errors import FieldIssue, InvalidRequest
 from trainflow.core.function_trainer import function_command
 from trainflow.core.naming import (
+    API_VERSION,
     ATTEMPT_LABEL,
+    GROUP,
     KEY_LABEL,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
     PATCH_MANAGER,
+    TRAINER_CONTAINER,
     derive_name,
     key_label,
     random_name,
 )
 from trainflow.core.request import TrainJobRequest
 from trainflow.core.result import OUTPUT_URI_ANNOTATION
-from trainflow.core.runtimes import API_VERSION, GROUP, TRAINER_CONTAINER, Runtime
+from trainflow.core.runtimes import Runtime
 from trainflow.core.schema import schema_errors
 from trainflow.core.validation import OUTPUT_ENV, max_name_length, parse_request, validate_request
 
@@ -46,42 +50,23 @@ def identity_labels(request: TrainJobRequest, attempt: int = 1) -> dict[str, str
     return labels
 
 
-def _quantities(request: TrainJobRequest) -> dict[str, Any] | None:
-    res = request.resources
-    if res is None:
-        return None
-    requests = {k: str(v) for k, v in (res.requests or {}).items()}
-    limits = {k: str(v) for k, v in (res.limits or {}).items()}
-    shorthand: dict[str, str] = {}
-    if res.cpu is not None:
-        shorthand["cpu"] = str(res.cpu)
-    if res.memory is not None:
-        shorthand["memory"] = res.memory
-    for key, value in shorthand.items():
-        requests.setdefault(key, value)
-        limits.setdefault(key, value)
-    if res.gpu:
-        limits.setdefault(res.gpu_resource, str(res.gpu))
-        requests.setdefault(res.gpu_resource, str(res.gpu))
-    out: dict[str, Any] = {}
-    if requests:
-        out["requests"] = requests
-    if limits:
-        out["limits"] = limits
-    if res.claims:
-        out["claims"] = [dict(c) for c in res.claims]
-    return out or None
-
-
 def _trainer(request: TrainJobRequest, runtime: Runtime) -> dict[str, Any]:
     trainer: dict[str, Any] = {}
     if request.image:
         trainer["image"] = request.image
-    if request.function is not None:
-        trainer["command"] = function_command(request.function, request.function_kwargs, runtime.policy)
+    if runtime.is_torchtune:
+        trainer.update(torchtune.trainer_fields(request, runtime))
+    elif request.function is not None:
+        trainer["command"] = function_command(
+            request.function,
+            request.function_kwargs,
+            runtime.policy,
+            request.packages_to_install,
+            request.pip_index_urls,
+        )
     elif request.command is not None:
         trainer["command"] = list(request.command)
-    if request.args is not None:
+    if request.args is not None and not runtime.is_torchtune:
         trainer["args"] = list(request.args)
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in request.env.items()]
     env += [
@@ -96,23 +81,10 @@ def _trainer(request: TrainJobRequest, runtime: Runtime) -> dict[str, Any]:
         trainer["numNodes"] = request.num_nodes
     if isinstance(request.proc_per_node, int):
         trainer["numProcPerNode"] = request.proc_per_node
-    resources = _quantities(request)
+    resources = request.resources.requirements() if request.resources else None
     if resources:
         trainer["resourcesPerNode"] = resources
     return trainer
-
-
-def _initializer(request: TrainJobRequest) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, uri, secret in (
-        ("dataset", request.dataset_uri, request.dataset_secret),
-        ("model", request.model_uri, request.model_secret),
-    ):
-        if uri:
-            out[key] = {"storageUri": uri}
-            if secret:
-                out[key]["secretRef"] = {"name": secret}
-    return out
 
 
 def _pod_patch(
@@ -187,13 +159,15 @@ def build_trainjob(
     *,
     namespace: str | None = None,
     attempt: int = 1,
+    local: bool = False,
 ) -> dict[str, Any]:
     """Validate the request against the runtime and return the TrainJob manifest, ready for the API.
 
-    Raises InvalidRequest naming each bad field; nothing is submitted here.
+    Raises InvalidRequest naming each bad field; nothing is submitted here. ``local``: for the local engine
+    (``file://`` dataset and model URIs allowed).
     """
     req = parse_request(request)
-    validate_request(req, runtime)
+    validate_request(req, runtime, local=local)
     labels = {**req.labels, **identity_labels(req, attempt)}
     metadata: dict[str, Any] = {"name": job_name(req, runtime, attempt)}
     ns = req.namespace or namespace
@@ -215,7 +189,7 @@ def build_trainjob(
     trainer = _trainer(req, runtime)
     if trainer:
         spec["trainer"] = trainer
-    initializer = _initializer(req)
+    initializer = initializers.render(req)
     if initializer:
         spec["initializer"] = initializer
     patches = []

@@ -44,6 +44,29 @@ class Resources(BaseModel):
     limits: dict[str, str | int | float] | None = None
     claims: list[dict[str, Any]] | None = None
 
+    def requirements(self) -> dict[str, Any] | None:
+        """The ``resourcesPerNode`` ResourceRequirements: shorthand cpu/memory/gpu set requests and limits."""
+        requests = {k: str(v) for k, v in (self.requests or {}).items()}
+        limits = {k: str(v) for k, v in (self.limits or {}).items()}
+        shorthand: dict[str, str] = {}
+        if self.cpu is not None:
+            shorthand["cpu"] = str(self.cpu)
+        if self.memory is not None:
+            shorthand["memory"] = self.memory
+        if self.gpu:
+            shorthand[self.gpu_resource] = str(self.gpu)
+        for key, value in shorthand.items():
+            requests.setdefault(key, value)
+            limits.setdefault(key, value)
+        out: dict[str, Any] = {}
+        if requests:
+            out["requests"] = requests
+        if limits:
+            out["limits"] = limits
+        if self.claims:
+            out["claims"] = [dict(c) for c in self.claims]
+        return out or None
+
 
 class PvcVolume(BaseModel):
     """A PersistentVolumeClaim mounted into every trainer node."""
@@ -55,6 +78,26 @@ class PvcVolume(BaseModel):
     name: str | None = None
     read_only: bool = False
     sub_path: str | None = None
+
+
+InitializerOption = str | int | list[str]
+_INITIALIZER_KEYS = "ACCESS_TOKEN (hf); ACCESS_KEY_ID, SECRET_ACCESS_KEY, ENDPOINT, REGION, ROLE_ARN (s3)"
+
+
+def _initializer_options(step: str) -> Any:
+    return Field(
+        default_factory=dict,
+        description=f"Settings of the {step} initializer, named as in the Kubeflow SDK: "
+        "ignore_patterns (hf, s3), endpoint, region, role_arn (s3)",
+    )
+
+
+def _initializer_secret_env(step: str) -> Any:
+    return Field(
+        default_factory=dict,
+        description=f"Credentials of the {step} initializer from Secret keys: NAME -> 'secret/key', "
+        "NAME one of access_token (hf), access_key_id, secret_access_key, endpoint, region, role_arn (s3)",
+    )
 
 
 def _parse_secret(value: Any) -> Any:
@@ -79,46 +122,105 @@ class TrainJobRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, validate_default=True)
 
-    runtime: str = Field(default="torch-distributed", min_length=1)
-    runtime_kind: RuntimeKind = "ClusterTrainingRuntime"
-    name: str | None = None
-    idempotency_key: str | None = None
-    namespace: str | None = None
-
-    image: str | None = None
-    command: list[str] | None = None
-    args: list[str] | None = None
-    function: str | Callable[..., Any] | None = None
-    function_kwargs: dict[str, JsonValue] = Field(default_factory=dict)
-
-    num_nodes: int | None = None
-    proc_per_node: int | Literal["auto"] | None = None
-    resources: Resources | None = None
-
-    env: dict[str, str] = Field(default_factory=dict)
-    secret_env: dict[str, Annotated[SecretKeyRef, BeforeValidator(_parse_secret)]] = Field(
-        default_factory=dict
+    runtime: str = Field(
+        default="torch-distributed", min_length=1, description="Training runtime that backs the TrainJob"
     )
-    allow_plain_credentials: bool = False
+    runtime_kind: RuntimeKind = Field(
+        default="ClusterTrainingRuntime",
+        description="ClusterTrainingRuntime, or a namespaced TrainingRuntime",
+    )
+    name: str | None = Field(
+        default=None, description="TrainJob name (default: derived from idempotency_key)"
+    )
+    idempotency_key: str | None = Field(
+        default=None, description="Stable identity: the same key reattaches to (or reuses) the same TrainJob"
+    )
+    namespace: str | None = Field(default=None, description="Namespace (default: the backend's)")
 
-    dataset_uri: str | None = None
-    dataset_secret: str | None = None
-    model_uri: str | None = None
-    model_secret: str | None = None
-    output_uri: str | None = None
+    image: str | None = Field(default=None, description="Trainer image (default: the runtime's)")
+    command: list[str] | None = Field(default=None, description="Trainer command (argv)")
+    args: list[str] | None = Field(default=None, description="Trainer arguments (argv)")
+    function: str | Callable[..., Any] | None = Field(
+        default=None, description="Python function run as the trainer: a callable or 'module:function'"
+    )
+    function_kwargs: dict[str, JsonValue] = Field(
+        default_factory=dict, description="JSON keyword arguments of the function trainer"
+    )
+    packages_to_install: list[str] = Field(
+        default_factory=list,
+        description="pip requirements installed on each node before the function runs (as the Kubeflow SDK)",
+    )
+    pip_index_urls: list[str] = Field(
+        default_factory=list,
+        description="Package indexes for packages_to_install: the first is --index-url, the others "
+        "--extra-index-url (default: the image's pip configuration)",
+    )
 
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    service_account: str | None = None
-    volumes: list[PvcVolume] = Field(default_factory=list)
-    image_pull_secrets: list[str] = Field(default_factory=list)
-    runtime_patches: list[dict[str, Any]] = Field(default_factory=list)
+    num_nodes: int | None = Field(default=None, description="Number of training nodes (pods)")
+    proc_per_node: int | Literal["auto"] | None = Field(
+        default=None, description="Processes per node (torch: numProcPerNode), or 'auto'"
+    )
+    resources: Resources | None = Field(
+        default=None, description="Per-node resources: cpu/memory/gpu shorthand, or requests/limits"
+    )
 
-    queue: str | None = None
-    suspend: bool = False
-    deadline_seconds: int | None = None
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Plain environment variables of the trainer"
+    )
+    secret_env: dict[str, Annotated[SecretKeyRef, BeforeValidator(_parse_secret)]] = Field(
+        default_factory=dict,
+        description="Environment variables from Kubernetes Secrets: NAME -> 'secret/key'",
+    )
+    allow_plain_credentials: bool = Field(
+        default=False, description="Allow credential-looking names in plain env (not recommended)"
+    )
+
+    dataset_uri: str | None = Field(
+        default=None, description="Dataset for the dataset initializer (hf://, s3://, cache://)"
+    )
+    dataset_secret: str | None = Field(
+        default=None,
+        description=f"Secret whose keys become the dataset initializer's env: {_INITIALIZER_KEYS}",
+    )
+    dataset_options: dict[str, InitializerOption] = _initializer_options("dataset")
+    dataset_secret_env: dict[str, Annotated[SecretKeyRef, BeforeValidator(_parse_secret)]] = (
+        _initializer_secret_env("dataset")
+    )
+    model_uri: str | None = Field(default=None, description="Model for the model initializer (hf://, s3://)")
+    model_secret: str | None = Field(
+        default=None, description=f"Secret whose keys become the model initializer's env: {_INITIALIZER_KEYS}"
+    )
+    model_options: dict[str, InitializerOption] = _initializer_options("model")
+    model_secret_env: dict[str, Annotated[SecretKeyRef, BeforeValidator(_parse_secret)]] = (
+        _initializer_secret_env("model")
+    )
+    output_uri: str | None = Field(
+        default=None,
+        description="Where the trainer writes its model (TRAINFLOW_OUTPUT_URI); reported in the result",
+    )
+
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels of the TrainJob and its pods")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations of the TrainJob")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node selector of the trainer pods"
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, description="Tolerations of the trainer pods"
+    )
+    service_account: str | None = Field(default=None, description="Service account of the trainer pods")
+    volumes: list[PvcVolume] = Field(
+        default_factory=list, description="PersistentVolumeClaims mounted into every node"
+    )
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Image pull secrets of the pods")
+    runtime_patches: list[dict[str, Any]] = Field(
+        default_factory=list, description="Raw spec.runtimePatches entries (TrainJob API)"
+    )
+
+    queue: str | None = Field(default=None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name)")
+    suspend: bool = Field(default=False, description="Create the TrainJob suspended")
+    deadline_seconds: int | None = Field(
+        default=None, description="spec.activeDeadlineSeconds of the TrainJob"
+    )
 
     @field_validator("env", mode="before")
     @classmethod

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from trainflow.core.naming import ATTEMPT_LABEL
 
@@ -32,10 +32,9 @@ class JobState(enum.StrEnum):
         return self in (JobState.COMPLETE, JobState.FAILED)
 
 
-class JobRef(BaseModel):
+@dataclass(frozen=True)
+class JobRef:
     """Identifies one TrainJob: enough for any process to wait on it, read its logs or cancel it."""
-
-    model_config = ConfigDict(frozen=True)
 
     name: str
     namespace: str
@@ -44,16 +43,29 @@ class JobRef(BaseModel):
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    @classmethod
+    def parse(cls, ref: JobRef | str, namespace: str) -> JobRef:
+        """Accept ``name``, ``namespace/name`` or a JobRef (``namespace`` fills in a bare name)."""
+        if isinstance(ref, JobRef):
+            return ref
+        if "/" in ref:
+            ns, _, name = ref.partition("/")
+            return cls(name=name, namespace=ns)
+        return cls(name=ref, namespace=namespace)
 
-class TrainJobResult(BaseModel):
-    """The state and outcome of a TrainJob; serialises to plain JSON for XCom and KFP outputs."""
 
-    model_config = ConfigDict(extra="ignore")
+@dataclass(frozen=True)
+class TrainJobResult:
+    """The state and outcome of a TrainJob; serialises to plain JSON for XCom and KFP outputs.
+
+    A plain dataclass, not a pydantic model: every waiter builds these, and a waiter in the Airflow triggerer
+    should not have to load pydantic for them (see docs/benchmarks.md, waiter memory).
+    """
 
     name: str
     namespace: str
-    uid: str | None = None
     state: JobState
+    uid: str | None = None
     reason: str | None = None
     message: str | None = None
     runtime: str | None = None
@@ -61,11 +73,15 @@ class TrainJobResult(BaseModel):
     started_at: datetime | None = None
     finished_at: datetime | None = None
     duration_seconds: float | None = None
-    progress: int | None = Field(default=None, ge=0, le=100)
-    metrics: dict[str, float | str] = Field(default_factory=dict)
+    progress: int | None = None
+    metrics: dict[str, float | str] = field(default_factory=dict)
     output_uri: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
     attempt: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.progress is not None and not 0 <= self.progress <= 100:
+            raise ValueError(f"progress {self.progress} is not a percentage")
 
     @property
     def ref(self) -> JobRef:
@@ -75,9 +91,27 @@ class TrainJobResult(BaseModel):
     def succeeded(self) -> bool:
         return self.state is JobState.COMPLETE
 
+    def replace(self, **changes: Any) -> TrainJobResult:
+        return dataclasses.replace(self, **changes)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-compatible dict (ISO timestamps, string state)."""
-        return self.model_dump(mode="json")
+        out = dataclasses.asdict(self)
+        out["state"] = self.state.value
+        for key in ("created_at", "started_at", "finished_at"):
+            value = out[key]
+            out[key] = value.isoformat().replace("+00:00", "Z") if value is not None else None
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrainJobResult:
+        """The inverse of ``to_dict`` (unknown keys are ignored, as from a newer version)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["state"] = JobState(values["state"])
+        for key in ("created_at", "started_at", "finished_at"):
+            values[key] = _parse_time(values.get(key))
+        return cls(**values)
 
 
 def _parse_time(value: Any) -> datetime | None:

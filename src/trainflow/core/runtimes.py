@@ -11,26 +11,31 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainflow.core.errors import RuntimeNotFound
+from trainflow.core.naming import GROUP, TRAINER_CONTAINER
 from trainflow.core.schema import SAFE_LOADER
 
-GROUP = "trainer.kubeflow.org"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
 FRAMEWORK_LABEL = f"{GROUP}/framework"
 SUPPORT_LABEL = f"{GROUP}/support"
 ANCESTOR_LABEL = f"{GROUP}/trainjob-ancestor-step"
-TRAINER_CONTAINER = "node"
 
-# Env names the Trainer injects itself and rejects in spec.trainer.env, by ML policy.
-RESERVED_ENV: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    # policy: (exact names, prefixes)
-    "torch": (
-        ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"),
-        (),
+# Env names the Trainer sets itself and refuses in spec.trainer.env, by ML policy: exact names, as in
+# Trainer v2.3.0's TorchRunReservedEnvNames, MPIReservedEnvNames and XGBoostReservedEnvNames. Other
+# OMPI_MCA_* / DMLC_* settings (OMPI_MCA_btl_tcp_if_include, DMLC_WORKER_CONNECT_RETRY) are the user's.
+# JAX: the webhook refuses none, but the controller overwrites these three, so a user value would be lost.
+RESERVED_ENV: dict[str, frozenset[str]] = {
+    "torch": frozenset(
+        {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
     ),
-    "xgboost": ((), ("DMLC_",)),
-    "mpi": ((), ("OMPI_MCA_",)),
-    "jax": (("JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS"), ()),
+    "xgboost": frozenset({"DMLC_TRACKER_URI", "DMLC_TRACKER_PORT", "DMLC_TASK_ID", "DMLC_NUM_WORKER"}),
+    "mpi": frozenset(
+        {
+            "OMPI_MCA_orte_default_hostfile",
+            "OMPI_MCA_plm_rsh_args",
+            "OMPI_MCA_orte_keep_fqdn_hostnames",
+            "OMPI_MCA_orte_set_default_slots",
+        }
+    ),
+    "jax": frozenset({"JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS"}),
 }
 
 
@@ -136,8 +141,9 @@ class Runtime(BaseModel):
         command = self.trainer_container().get("command") or []
         return self.framework == "torchtune" or list(command[:2]) == ["tune", "run"]
 
-    def reserved_env(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        return RESERVED_ENV.get(self.policy or "", ((), ()))
+    def reserved_env(self) -> frozenset[str]:
+        """Env names the Trainer sets for this runtime's ML policy (refused in the request's env)."""
+        return RESERVED_ENV.get(self.policy or "", frozenset())
 
     def summary(self) -> dict[str, Any]:
         return {

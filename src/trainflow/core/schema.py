@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-# libyaml when present: parsing the 3,000-line CRD takes ~50 ms instead of ~2 s.
+# libyaml when present: the pure-Python parser is far slower on the 3,000-line CRD (docs/benchmarks.md).
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 _CRD_FILES = {

@@ -6,30 +6,29 @@ Each check names the request field and the fix, so bad input fails before anythi
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
+from trainflow.core import initializers, patches, torchtune
 from trainflow.core.errors import FieldIssue, InvalidRequest
+from trainflow.core.function_trainer import check_packages
 from trainflow.core.naming import (
     DNS_SUBDOMAIN,
     LABEL_VALUE_PATTERN,
     NAME_PATTERN,
-    PATCH_MANAGER,
     label_key_problem,
 )
-from trainflow.core.request import TrainJobRequest
+from trainflow.core.request import SecretKeyRef, TrainJobRequest
 from trainflow.core.runtimes import Runtime
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 MAX_LIST = 128
 MAX_ARG_CHARS = 1_048_576
-URI_CREDENTIALS = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*:[^/?#@]*@")
-STORAGE_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://.+$")
-DATASET_SCHEMES = ("hf", "s3", "cache")
-MODEL_SCHEMES = ("hf", "s3")
+URI_CREDENTIALS = initializers.URI_CREDENTIALS
+STORAGE_URI = initializers.STORAGE_URI
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 DNS_LABEL = NAME_PATTERN
@@ -42,9 +41,6 @@ TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 TOLERATION_OPERATORS = {"Exists", "Equal"}
 TOLERATION_EFFECTS = {"", "NoSchedule", "PreferNoSchedule", "NoExecute"}
 OUTPUT_ENV = "TRAINFLOW_OUTPUT_URI"
-HTTP_PATH = re.compile(r"^[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$")  # apimachinery IsDomainPrefixedPath
-INITIALIZER_VOLUME = "initializer"  # the volumeMount Trainer's webhook requires in an initializer container
-ENV_OWNED_CONTAINERS = {"node", "dataset-initializer", "model-initializer"}
 _CREDENTIAL_NAME = re.compile(
     r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIALS?)(_|$)", re.IGNORECASE
 )
@@ -129,6 +125,15 @@ class _Checker:
                 "give the name of a Kubernetes Secret: lowercase a-z, 0-9, '-', '.'",
             )
 
+    def secret_ref(self, field: str, ref: SecretKeyRef) -> None:
+        self.secret_name(f"{field}.name", ref.name)
+        if not SECRET_KEY.match(ref.key) or len(ref.key) > 253:
+            self.add(
+                f"{field}.key",
+                "is not a valid Secret key (value not shown, it may be the secret itself)",
+                "use [-._a-zA-Z0-9]+",
+            )
+
     def int_range(self, field: str, value: int | None, low: int, high: int) -> None:
         if value is not None and not low <= value <= high:
             shown = str(value) if len(str(value)) <= 24 else f"a {len(str(value))}-digit number"
@@ -168,20 +173,9 @@ def _check_trainer(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
             "give 'command' (argv) or 'function'",
         )
     if runtime.is_torchtune:
-        if req.function is not None:
-            c.add(
-                "function", "TorchTune runtimes run a 'tune run' recipe, not a function", "use args overrides"
-            )
-        if req.command and list(req.command[:2]) != ["tune", "run"]:
-            c.add(
-                "command",
-                "TorchTune runtimes expect the 'tune run' command",
-                "omit 'command' and pass recipe overrides as 'args' (key=value)",
-            )
-        for i, arg in enumerate(req.args or []):
-            if "=" not in arg and not arg.startswith("-"):
-                c.add(f"args[{i}]", f"{arg!r} is not a TorchTune override", "use key=value, e.g. epochs=1")
+        c.issues += torchtune.check(req, runtime)
 
+    c.issues += check_packages(req)
     c.int_range("num_nodes", req.num_nodes, 1, INT32_MAX)
     ppn = req.proc_per_node
     if isinstance(ppn, int):
@@ -213,7 +207,7 @@ def _check_resources(c: _Checker, req: TrainJobRequest) -> None:
 
 
 def _check_env(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
-    exact, prefixes = runtime.reserved_env()
+    reserved = runtime.reserved_env()
     total = len(req.env) + len(req.secret_env) + (1 if req.output_uri else 0)
     if total > MAX_LIST:
         c.add("env", f"{total} variables; the TrainJob allows at most {MAX_LIST}")
@@ -225,7 +219,7 @@ def _check_env(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
                     "is not a valid environment variable name",
                     "use [A-Za-z_][A-Za-z0-9_]*",
                 )
-            if name in exact or name.startswith(prefixes):
+            if name in reserved:
                 c.add(
                     f"{field}.{name}",
                     f"is set by the Trainer for {runtime.policy} runtimes",
@@ -247,63 +241,16 @@ def _check_env(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
                     f"use secret_env {{'{name}': 'secret-name/key'}}, or set allow_plain_credentials",
                 )
     for name, ref in req.secret_env.items():
-        c.secret_name(f"secret_env.{name}.name", ref.name)
-        if not SECRET_KEY.match(ref.key) or len(ref.key) > 253:
-            c.add(
-                f"secret_env.{name}.key",
-                "is not a valid Secret key (value not shown, it may be the secret itself)",
-                "use [-._a-zA-Z0-9]+",
-            )
+        c.secret_ref(f"secret_env.{name}", ref)
 
 
-def _check_initializers(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
-    for field, uri, schemes, present, step in (
-        (
-            "dataset_uri",
-            req.dataset_uri,
-            DATASET_SCHEMES,
-            runtime.has_dataset_initializer,
-            "dataset-initializer",
-        ),
-        ("model_uri", req.model_uri, MODEL_SCHEMES, runtime.has_model_initializer, "model-initializer"),
-    ):
-        if uri is None:
-            continue
-        if URI_CREDENTIALS.match(uri):
-            c.add(
-                field,
-                "holds credentials (user:password@); they would be stored in the TrainJob in plain text",
-                f"remove them and put them in a Secret named by {field.replace('_uri', '_secret')}",
-            )
-            continue
-        if len(uri) > 2048 or not STORAGE_URI.match(uri):
-            c.add(field, f"{uri[:80]!r} is not a storage URI", f"use scheme://path with one of {schemes}")
-        elif uri.split("://", 1)[0].lower() not in schemes:
-            c.add(
-                field,
-                f"scheme of {uri[:80]!r} is not supported",
-                f"use one of: {', '.join(s + '://' for s in schemes)}",
-            )
-        if not present:
-            c.add(
-                field,
-                f"runtime {runtime.name!r} has no {step} step, so it would be ignored",
-                "pick a runtime with that initializer, or drop the field",
-            )
-        elif not _mounts_initializer_volume(runtime, step):
-            # Trainer's webhook refuses it: the step cannot hand the data to the trainer
-            c.add(
-                field,
-                f"runtime {runtime.name!r}: its {step} container has no {INITIALIZER_VOLUME!r} volumeMount, "
-                "so the Trainer refuses an initializer URI for it",
-                "drop the field (the runtime brings its own data), or pick another runtime",
-            )
+def _check_initializers(c: _Checker, req: TrainJobRequest, runtime: Runtime, local: bool) -> None:
+    c.issues += initializers.check(req, runtime, local=local)
     c.secret_name("dataset_secret", req.dataset_secret)
     c.secret_name("model_secret", req.model_secret)
-    if req.dataset_secret and not req.dataset_uri:
-        c.add("dataset_secret", "given without dataset_uri", "set dataset_uri")
-    if req.model_secret and not req.model_uri:
-        c.add("model_secret", "given without model_uri", "set model_uri")
+    for kind in ("dataset", "model"):
+        for name, ref in getattr(req, f"{kind}_secret_env").items():
+            c.secret_ref(f"{kind}_secret_env.{name}", ref)
     if req.output_uri is not None and URI_CREDENTIALS.match(req.output_uri):
         c.add(
             "output_uri",
@@ -320,25 +267,7 @@ def _check_initializers(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> 
         )
 
 
-def _mounts_initializer_volume(runtime: Runtime, step: str) -> bool:
-    for container in runtime.containers(step):
-        if container.get("name") == step:
-            return any(m.get("name") == INITIALIZER_VOLUME for m in container.get("volumeMounts") or [])
-    return False
-
-
-def _domain_prefixed_path_problem(value: str) -> str | None:
-    host, sep, path = value.partition("/")
-    if not sep or not host or not path:
-        return "must be a domain-prefixed path (such as 'example.com/my-team')"
-    if len(host) > 253 or not DNS_SUBDOMAIN.match(host):
-        return f"{host!r} is not a DNS subdomain"
-    if not HTTP_PATH.match(path):
-        return f"path {path!r} has characters outside [A-Za-z0-9/-._~%!$&'()*+,;=:]"
-    return None
-
-
-def _check_patches(c: _Checker, req: TrainJobRequest) -> None:
+def _check_patches(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
     c.label_map("labels", req.labels, check_values=True)
     c.label_map("annotations", req.annotations, check_values=False)
     if sum(len(k) + len(v) for k, v in req.annotations.items()) > 256 * 1024:
@@ -378,52 +307,11 @@ def _check_patches(c: _Checker, req: TrainJobRequest) -> None:
         c.dns_subdomain(f"image_pull_secrets[{i}]", secret)
         if secret in req.image_pull_secrets[:i]:
             c.add(f"image_pull_secrets[{i}]", f"{secret!r} is listed twice", "list each Secret once")
-    if len(req.runtime_patches) + 1 > 16:
-        c.add("runtime_patches", "more than 15 entries (trainflow owns one of the 16)")
-    managers: set[str] = set()
-    for i, patch in enumerate(req.runtime_patches):
-        manager = patch.get("manager")
-        if not isinstance(manager, str) or not 1 <= len(manager) <= 253:
-            c.add(
-                f"runtime_patches[{i}].manager", "is required (1-253 characters)", "e.g. example.com/my-team"
-            )
-        elif problem := _domain_prefixed_path_problem(manager):
-            c.add(f"runtime_patches[{i}].manager", problem, "e.g. example.com/my-team")
-        elif manager == PATCH_MANAGER or manager in managers:
-            c.add(
-                f"runtime_patches[{i}].manager", f"{manager!r} is already used", "use a distinct manager name"
-            )
-        else:
-            managers.add(manager)
-        unknown = set(patch) - {"manager", "trainingRuntimeSpec"}
-        if unknown:
-            c.add(
-                f"runtime_patches[{i}]",
-                f"unknown keys {sorted(unknown)}",
-                "use manager and trainingRuntimeSpec",
-            )
-        for job in _patch_jobs(patch):
-            pod_spec = (((job.get("template") or {}).get("spec") or {}).get("template") or {}).get(
-                "spec"
-            ) or {}
-            for container in pod_spec.get("containers") or []:
-                if container.get("name") in ENV_OWNED_CONTAINERS and "env" in container:
-                    c.add(
-                        f"runtime_patches[{i}]",
-                        f"sets env on container {container.get('name')!r}",
-                        "use env / secret_env (trainer) instead",
-                    )
     if req.queue is not None and (
         len(req.queue) > 63 or not LABEL_VALUE_PATTERN.match(req.queue) or not req.queue
     ):
         c.add("queue", f"{req.queue!r} is not a valid LocalQueue name", "lowercase a-z, 0-9, '-'")
     c.int_range("deadline_seconds", req.deadline_seconds, 1, INT64_MAX)
-
-
-def _patch_jobs(patch: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
-    spec = ((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}
-    jobs = spec.get("replicatedJobs") or []
-    return [j for j in jobs if isinstance(j, Mapping)]
 
 
 def check_identity(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
@@ -450,15 +338,19 @@ def check_identity(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
         c.add("runtime_kind", "does not match the runtime found", "use ClusterTrainingRuntime")
 
 
-def validate_request(req: TrainJobRequest, runtime: Runtime) -> None:
-    """Raise InvalidRequest listing every problem; return quietly when the request is valid."""
+def validate_request(req: TrainJobRequest, runtime: Runtime, *, local: bool = False) -> None:
+    """Raise InvalidRequest listing every problem; return quietly when the request is valid.
+
+    ``local``: the job runs on the local engine, where ``file://`` dataset and model URIs are allowed.
+    """
     c = _Checker()
     check_identity(c, req, runtime)
     _check_trainer(c, req, runtime)
     _check_resources(c, req)
     _check_env(c, req, runtime)
-    _check_initializers(c, req, runtime)
-    _check_patches(c, req)
+    _check_initializers(c, req, runtime, local)
+    _check_patches(c, req, runtime)
+    c.issues += patches.check(req.runtime_patches, runtime)
     if c.issues:
         raise InvalidRequest(c.issues)
 

@@ -12,8 +12,9 @@ START = datetime(2026, 1, 1)
 RUNTIME = "jax-distributed"  # function trainers run as plain `python3 -c` here: fast to start
 
 
-def sleeper(seconds: float = 1.0, marker: str = "", fail_first: bool = False) -> None:
-    """Sleep, then report; with fail_first, the first attempt (no marker file yet) exits with 4."""
+def sleeper(seconds: float = 1.0, marker: str = "", fail_first: bool = False, gate: str = "") -> None:
+    """Sleep, then report; with fail_first, the first attempt (no marker file yet) exits with 4; with a
+    gate, sleep only until that file exists (at most ``seconds``)."""
     import os
     import time
 
@@ -25,7 +26,9 @@ def sleeper(seconds: float = 1.0, marker: str = "", fail_first: bool = False) ->
         print("failing on purpose", flush=True)
         raise SystemExit(4)
     print(f"sleeping {seconds}s", flush=True)
-    time.sleep(float(seconds))
+    end = time.time() + float(seconds)
+    while time.time() < end and not (gate and os.path.exists(gate)):
+        time.sleep(min(0.2, max(0.0, end - time.time())))
     report(metrics={"slept": float(seconds)}, progress=100)
 
 
@@ -33,14 +36,14 @@ with DAG(
     "tf_test_reattach",
     schedule=None,
     start_date=START,
-    params={"seconds": 20},
+    params={"seconds": 20, "gate": ""},
     render_template_as_native_obj=True,
 ):
     TrainJobOperator(
         task_id="train",
         runtime=RUNTIME,
         function=sleeper,
-        function_kwargs={"seconds": "{{ params.seconds }}"},
+        function_kwargs={"seconds": "{{ params.seconds }}", "gate": "{{ params.gate }}"},
         deferrable=False,
     )
 

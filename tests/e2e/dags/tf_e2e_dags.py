@@ -18,6 +18,9 @@ IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
 # kwok Stages set up by testbed/testbed.py: the label fails a pod with the annotation's exit code.
 KWOK_FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
 KWOK_EXIT_CODE = "pod-container-running-failed.stage.kwok.x-k8s.io/exit-code"
+# pods run this long, so the trigger's watch (which starts after the deferral) sees them Running
+KWOK_COMPLETE_DELAY = {"pod-complete.stage.kwok.x-k8s.io/delay": "12s"}
+KWOK_FAIL_DELAY = {"pod-container-running-failed.stage.kwok.x-k8s.io/delay": "12s"}
 
 with DAG("tf_e2e_cluster", schedule=None, start_date=START):
     train = TrainJobOperator(
@@ -27,6 +30,7 @@ with DAG("tf_e2e_cluster", schedule=None, start_date=START):
         command=["torchrun", "--nnodes=2", "train.py"],
         num_nodes=2,
         output_uri="s3://bucket/models/airflow-e2e",
+        annotations=KWOK_COMPLETE_DELAY,
         deferrable=True,
         execution_timeout=timedelta(seconds=150),
     )
@@ -47,8 +51,24 @@ with DAG("tf_e2e_cluster_fail", schedule=None, start_date=START):
         command=["torchrun", "train.py"],
         num_nodes=1,
         labels={KWOK_FAIL_LABEL: "true"},
-        annotations={KWOK_EXIT_CODE: "3"},
+        annotations={KWOK_EXIT_CODE: "3", **KWOK_FAIL_DELAY},
         deferrable=True,
         execution_timeout=timedelta(seconds=150),
         retries=0,
+    )
+
+# The retry scenarios (tests/e2e/test_retry_scenarios.py): the whole request comes from the run's conf.
+with DAG(
+    "tf_e2e_scenario",
+    schedule=None,
+    start_date=START,
+    params={"request": {}},
+    render_template_as_native_obj=True,
+):
+    TrainJobOperator(
+        task_id="train",
+        request="{{ params.request }}",
+        deferrable=False,
+        retries=0,
+        execution_timeout=timedelta(seconds=600),
     )

@@ -21,9 +21,9 @@ __all__ = [
 
 _WHERE = {
     "TrainJobOperator": "operators",
-    "DeleteTrainJobOperator": "operators",
-    "SuspendTrainJobOperator": "operators",
-    "ResumeTrainJobOperator": "operators",
+    "DeleteTrainJobOperator": "actions",
+    "SuspendTrainJobOperator": "actions",
+    "ResumeTrainJobOperator": "actions",
     "TrainJobSensor": "sensors",
     "TrainJobHook": "hooks",
     "TrainJobTrigger": "triggers",

@@ -62,8 +62,9 @@ class _TrainJobDecoratedOperator(DecoratedOperator, TrainJobOperator):
         return out
 
     def execute(self, context: Context) -> Any:
+        given: dict[str, Any] = getattr(self, "function_kwargs", None) or {}
         self.function = self.python_callable
-        self.function_kwargs = {**(self.function_kwargs or {}), **self.function_arguments()}
+        self.function_kwargs = {**given, **self.function_arguments()}
         return TrainJobOperator.execute(self, context)
 
 

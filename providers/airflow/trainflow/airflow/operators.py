@@ -1,7 +1,8 @@
-"""Operators that run and manage Kubeflow Trainer TrainJobs; all TrainJob knowledge stays in trainflow.core.
+"""TrainJobOperator: run one TrainJob as a task; all TrainJob knowledge stays in trainflow.core.
 
-Nothing heavy is imported here: the core (pydantic models, kubernetes, torch) loads when a task runs,
-so importing this module costs a DAG file almost nothing.
+Nothing heavy is imported here: the core (pydantic models, kubernetes, torch) loads when a task runs, so
+importing this module costs a DAG file almost nothing. What to create, reattach to or reuse is decided by
+``trainflow.core.lifecycle.launch``, the same rule the KFP step and the CLI follow.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 from trainflow.airflow import _config
-from trainflow.airflow.hooks import TrainJobHook
+from trainflow.airflow.actions import DeleteTrainJobOperator, ResumeTrainJobOperator, SuspendTrainJobOperator
+from trainflow.airflow.base import TrainJobBaseOperator
+from trainflow.airflow.identity import airflow_labels, idempotency_key, ti_identity
 from trainflow.airflow.links import XCOM_KEY, extra_links
-from trainflow.airflow.provider_info import DEFAULT_CONN_ID
+from trainflow.airflow.request_args import REQUEST_ARGS, TEMPLATED_ARGS, to_request
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -25,132 +27,24 @@ if TYPE_CHECKING:
     from trainflow.core.request import TrainJobRequest
     from trainflow.core.result import JobRef, TrainJobResult
 
+__all__ = [
+    "DeleteTrainJobOperator",
+    "ResumeTrainJobOperator",
+    "SuspendTrainJobOperator",
+    "TrainJobOperator",
+    "airflow_labels",
+    "idempotency_key",
+]
+
 OnKillAction = Literal["delete", "keep"]
 OnFinishAction = Literal["keep", "delete", "delete_succeeded"]
 
 STATE_STORE_KEY = "trainflow_trainjob"
-LABEL_PREFIX = "airflow.apache.org/"
 ON_KILL_WAIT_SECONDS = 60.0  # the delete usually takes well under a second; a worker SIGKILLs sooner
 DEFER_TIMEOUT_PADDING = 60.0  # the trigger's own deadline fires first, so it can report and clean up
 
-# Operator argument -> TrainJobRequest field, where the names differ (BaseOperator owns
-# ``queue`` and ``resources``; ``name`` reads badly on an operator).
-_RENAMED = {"job_name": "name", "resources_per_node": "resources", "kueue_queue": "queue"}
-_REQUEST_ARGS = (
-    "runtime",
-    "runtime_kind",
-    "job_name",
-    "namespace",
-    "image",
-    "command",
-    "args",
-    "function",
-    "function_kwargs",
-    "num_nodes",
-    "proc_per_node",
-    "resources_per_node",
-    "env",
-    "secret_env",
-    "allow_plain_credentials",
-    "dataset_uri",
-    "dataset_secret",
-    "model_uri",
-    "model_secret",
-    "output_uri",
-    "labels",
-    "annotations",
-    "node_selector",
-    "tolerations",
-    "service_account",
-    "volumes",
-    "image_pull_secrets",
-    "runtime_patches",
-    "kueue_queue",
-    "suspend",
-    "deadline_seconds",
-)
 
-
-def idempotency_key(dag_id: str, task_id: str, run_id: str, map_index: int | None) -> str:
-    """The identity of one task instance's TrainJob: the same on every try and every worker."""
-    index = -1 if map_index is None else int(map_index)
-    return f"{dag_id}/{task_id}/{run_id}/{index}"
-
-
-def airflow_labels(dag_id: str, task_id: str, run_id: str, map_index: int | None) -> dict[str, str]:
-    """Identity labels (valid label values, no try_number) so a TrainJob can be traced to its task."""
-    from trainflow.core.naming import label_value
-
-    labels = {
-        f"{LABEL_PREFIX}dag-id": label_value(dag_id),
-        f"{LABEL_PREFIX}task-id": label_value(task_id),
-        f"{LABEL_PREFIX}run-id": label_value(run_id),
-    }
-    if map_index is not None and int(map_index) >= 0:
-        labels[f"{LABEL_PREFIX}map-index"] = str(int(map_index))
-    return labels
-
-
-def _ti_identity(context: Context) -> tuple[str, str, str, int | None]:
-    ti = context["ti"]
-    return ti.dag_id, ti.task_id, ti.run_id, getattr(ti, "map_index", None)
-
-
-class _TrainJobBase(BaseOperator):
-    """Connection handling shared by every trainflow operator."""
-
-    def __init__(
-        self,
-        *,
-        conn_id: str | None = DEFAULT_CONN_ID,
-        namespace: str | None = None,
-        backend: str | None = None,
-        kubeconfig: str | None = None,
-        cluster_context: str | None = None,
-        in_cluster: bool | None = None,
-        local_home: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.conn_id = conn_id
-        self.namespace = namespace
-        self.backend = backend
-        self.kubeconfig = kubeconfig
-        self.cluster_context = cluster_context
-        self.in_cluster = in_cluster
-        self.local_home = local_home
-
-    @property
-    def hook_params(self) -> dict[str, Any]:
-        """Overrides of the connection; shipped to the triggerer (never the inline kubeconfig)."""
-        params = {
-            "backend": self.backend,
-            "namespace": self.namespace,
-            "kubeconfig": self.kubeconfig,
-            "context": self.cluster_context,
-            "in_cluster": self.in_cluster,
-            "local_home": self.local_home,
-        }
-        return {k: v for k, v in params.items() if v is not None}
-
-    @property
-    def hook(self) -> TrainJobHook:
-        cached = getattr(self, "_hook", None)
-        if cached is None:
-            cached = TrainJobHook(self.conn_id, **self.hook_params)
-            self._hook = cached
-        return cached
-
-    def get_backend(self) -> Backend:
-        return self.hook.get_conn()
-
-    def _ref(self, name: str, namespace: str | None) -> JobRef:
-        from trainflow.core.result import JobRef
-
-        return JobRef(name=name, namespace=namespace or self.get_backend().namespace)
-
-
-class TrainJobOperator(_TrainJobBase):
+class TrainJobOperator(TrainJobBaseOperator):
     """Run one TrainJob and return its ``TrainJobResult`` (as a dict) through XCom.
 
     Every request argument maps onto ``trainflow.core.TrainJobRequest`` (``request`` takes any other
@@ -166,58 +60,43 @@ class TrainJobOperator(_TrainJobBase):
         ``max_log_lines``, default ``[trainflow] max_log_lines``).
     """
 
-    template_fields: Sequence[str] = (
-        "runtime",
-        "job_name",
-        "namespace",
-        "image",
-        "command",
-        "args",
-        "function_kwargs",
-        "num_nodes",
-        "proc_per_node",
-        "resources_per_node",
-        "env",
-        "secret_env",
-        "dataset_uri",
-        "model_uri",
-        "output_uri",
-        "labels",
-        "annotations",
-        "node_selector",
-        "kueue_queue",
-        "deadline_seconds",
-        "request",
-    )
+    template_fields: Sequence[str] = (*TEMPLATED_ARGS, "request", "conn_id")
     template_fields_renderers = {
         "function_kwargs": "json",
         "env": "json",
         "request": "json",
         "labels": "json",
+        "runtime_patches": "json",
     }
     ui_color = "#d6e6ff"
 
     def __init__(
         self,
         *,
-        runtime: str = "torch-distributed",
-        runtime_kind: str = "ClusterTrainingRuntime",
+        runtime: str | None = None,
+        runtime_kind: str | None = None,
         job_name: str | None = None,
         image: str | None = None,
         command: list[str] | None = None,
         args: list[str] | None = None,
         function: str | Callable[..., Any] | None = None,
         function_kwargs: dict[str, Any] | None = None,
+        packages_to_install: list[str] | None = None,
+        pip_index_urls: list[str] | None = None,
         num_nodes: int | str | None = None,
         proc_per_node: int | str | None = None,
         resources_per_node: dict[str, Any] | None = None,
         env: dict[str, Any] | None = None,
         secret_env: dict[str, Any] | None = None,
-        allow_plain_credentials: bool = False,
+        allow_plain_credentials: bool | None = None,
         dataset_uri: str | None = None,
         dataset_secret: str | None = None,
+        dataset_options: dict[str, Any] | None = None,
+        dataset_secret_env: dict[str, Any] | None = None,
         model_uri: str | None = None,
         model_secret: str | None = None,
+        model_options: dict[str, Any] | None = None,
+        model_secret_env: dict[str, Any] | None = None,
         output_uri: str | None = None,
         labels: dict[str, str] | None = None,
         annotations: dict[str, str] | None = None,
@@ -228,7 +107,7 @@ class TrainJobOperator(_TrainJobBase):
         image_pull_secrets: list[str] | None = None,
         runtime_patches: list[dict[str, Any]] | None = None,
         kueue_queue: str | None = None,
-        suspend: bool = False,
+        suspend: bool | None = None,
         deadline_seconds: int | str | None = None,
         request: dict[str, Any] | None = None,
         deferrable: bool | None = None,
@@ -239,37 +118,10 @@ class TrainJobOperator(_TrainJobBase):
         durable: bool = True,
         **kwargs: Any,
     ) -> None:
+        request_args = {arg: value for arg, value in locals().items() if arg in REQUEST_ARGS}
         super().__init__(**kwargs)
-        self.runtime = runtime
-        self.runtime_kind = runtime_kind
-        self.job_name = job_name
-        self.image = image
-        self.command = command
-        self.args = args
-        self.function = function
-        self.function_kwargs = function_kwargs
-        self.num_nodes = num_nodes
-        self.proc_per_node = proc_per_node
-        self.resources_per_node = resources_per_node
-        self.env = env
-        self.secret_env = secret_env
-        self.allow_plain_credentials = allow_plain_credentials
-        self.dataset_uri = dataset_uri
-        self.dataset_secret = dataset_secret
-        self.model_uri = model_uri
-        self.model_secret = model_secret
-        self.output_uri = output_uri
-        self.labels = labels
-        self.annotations = annotations
-        self.node_selector = node_selector
-        self.tolerations = tolerations
-        self.service_account = service_account
-        self.volumes = volumes
-        self.image_pull_secrets = image_pull_secrets
-        self.runtime_patches = runtime_patches
-        self.kueue_queue = kueue_queue
-        self.suspend = suspend
-        self.deadline_seconds = deadline_seconds
+        for arg, value in request_args.items():
+            setattr(self, arg, value)
         self.request = request
         self.deferrable = _config.get_bool("default_deferrable") if deferrable is None else deferrable
         if on_kill_action not in ("delete", "keep"):
@@ -293,23 +145,13 @@ class TrainJobOperator(_TrainJobBase):
 
     def request_fields(self) -> dict[str, Any]:
         """The operator's arguments as TrainJobRequest fields (``request`` first, arguments win)."""
-        fields: dict[str, Any] = dict(self.request or {})
-        for arg in _REQUEST_ARGS:
-            value = getattr(self, arg)
-            if value is None or (arg in ("suspend", "allow_plain_credentials") and value is False):
-                continue
-            if arg == "runtime" and value == "torch-distributed" and "runtime" in fields:
-                continue
-            if arg == "runtime_kind" and value == "ClusterTrainingRuntime" and "runtime_kind" in fields:
-                continue
-            fields[_RENAMED.get(arg, arg)] = value
-        return fields
+        return {**dict(self.request or {}), **to_request({a: getattr(self, a) for a in REQUEST_ARGS})}
 
     def build_request(self, context: Context) -> TrainJobRequest:
         """The validated TrainJobRequest for this task instance, with its identity key and labels."""
         from trainflow.core.validation import parse_request
 
-        dag_id, task_id, run_id, map_index = _ti_identity(context)
+        dag_id, task_id, run_id, map_index = ti_identity(context)
         fields = self.request_fields()
         fields.setdefault("idempotency_key", idempotency_key(dag_id, task_id, run_id, map_index))
         fields["labels"] = {
@@ -321,28 +163,24 @@ class TrainJobOperator(_TrainJobBase):
     # -- execution -------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> Any:
+        from trainflow.core.lifecycle import launch
+
         backend = self.get_backend()
         request = self.build_request(context)
-        store = self._state_store(context)
-        ref, existing, attempt = self._find_previous(backend, request, store)
-        if existing is not None and existing.succeeded:
-            self.log.info("TrainJob %s already completed: returning its result without resubmitting", ref)
-            self._publish(context, existing.ref, attempt)
-            return self._finish(backend, existing)
-        if ref is None:
-            ref = self._submit(backend, request, attempt)
-            self.log.info("Submitted TrainJob %s (attempt %s)", ref, attempt)
-        else:
-            self.log.info("Reattaching to running TrainJob %s (attempt %s)", ref, attempt)
-        self._publish(context, ref, attempt)
-        self._store_identity(store, ref, attempt)
-
+        for earlier in self._earlier(context):
+            self.log.info("Earlier try recorded TrainJob %s", earlier)
+        launched = launch(backend, request)
+        for line in launched.history():
+            self.log.info("%s", line)
+        self.log.info("%s", launched.summary)
+        self._publish(context, launched.ref, launched.attempt)
+        self._record(context, launched.ref, launched.attempt)
+        if launched.reused:
+            return self._finish(backend, backend.get(launched.ref))
         deadline = self._deadline(context)
-        if self.deferrable:
-            current = backend.get(ref)
-            if not current.state.terminal:
-                self._defer(ref, deadline)
-        return self._wait_sync(backend, ref, deadline)
+        if self.deferrable and not backend.get(launched.ref).state.terminal:
+            self._defer(launched.ref, deadline)
+        return self._wait_sync(backend, launched.ref, deadline)
 
     def _defer(self, ref: JobRef, deadline: float | None) -> None:
         from trainflow.airflow.triggers import TrainJobTrigger
@@ -374,11 +212,11 @@ class TrainJobOperator(_TrainJobBase):
         name, namespace = event.get("name", ""), event.get("namespace", "")
         self._trainjob_ref = {"name": name, "namespace": namespace}
         if status == "success":
-            result = TrainJobResult.model_validate(event["result"])
+            result = TrainJobResult.from_dict(event["result"])
             return self._finish(self.get_backend(), result)
         if status == "failed":
             if event.get("result"):
-                self._after_end(self.get_backend(), TrainJobResult.model_validate(event["result"]))
+                self._after_end(self.get_backend(), TrainJobResult.from_dict(event["result"]))
             raise AirflowException(event.get("message") or f"TrainJob {namespace}/{name} failed")
         if status == "timeout":
             self._on_timeout(self._ref(name, namespace))
@@ -437,7 +275,7 @@ class TrainJobOperator(_TrainJobBase):
     def _max_log_lines(self) -> int:
         return self.max_log_lines if self.max_log_lines is not None else _config.get_int("max_log_lines")
 
-    # -- identity, reattach and attempts --------------------------------------------------------
+    # -- identity record -------------------------------------------------------------------------
 
     def _state_store(self, context: Context) -> Any:
         """Airflow >= 3.3 task state store (durable execution), when this Airflow has one."""
@@ -448,17 +286,20 @@ class TrainJobOperator(_TrainJobBase):
         except Exception:
             return None
 
-    def _stored_identity(self, store: Any) -> dict[str, Any] | None:
-        if store is None:
-            return None
+    def _earlier(self, context: Context) -> list[str]:
+        """What an earlier try recorded (for the task log only: ``launch`` decides from the cluster)."""
+        store = self._state_store(context)
         try:
-            value = store.get(STATE_STORE_KEY)
+            value = store.get(STATE_STORE_KEY) if store is not None else None
         except Exception as exc:
-            self.log.warning("Could not read the task state store (%s); using label search only", exc)
-            return None
-        return value if isinstance(value, dict) and value.get("name") else None
+            self.log.warning("Could not read the task state store: %s", exc)
+            return []
+        if not isinstance(value, dict) or not value.get("name"):
+            return []
+        return [f"{value.get('namespace')}/{value['name']} (attempt {value.get('attempt')})"]
 
-    def _store_identity(self, store: Any, ref: JobRef, attempt: int) -> None:
+    def _record(self, context: Context, ref: JobRef, attempt: int) -> None:
+        store = self._state_store(context)
         if store is None:
             return
         value = {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid, "attempt": attempt}
@@ -466,62 +307,6 @@ class TrainJobOperator(_TrainJobBase):
             store.set(STATE_STORE_KEY, {k: v for k, v in value.items() if v is not None})
         except Exception as exc:
             self.log.warning("Could not record the TrainJob in the task state store: %s", exc)
-
-    def _find_previous(
-        self, backend: Backend, request: TrainJobRequest, store: Any
-    ) -> tuple[JobRef | None, TrainJobResult | None, int]:
-        """What earlier tries left behind: (job to reattach to, its state, attempt to use).
-
-        Running -> reattach; Complete -> reuse; Failed or deleted -> next attempt.
-        """
-        from trainflow.core.errors import TrainJobNotFound
-        from trainflow.core.naming import KEY_LABEL, key_label
-
-        key = request.idempotency_key or ""
-        namespace = request.namespace or backend.namespace
-        found: dict[str, tuple[int, TrainJobResult]] = {}
-        for result in backend.list(labels={KEY_LABEL: key_label(key)}):
-            if result.namespace and result.namespace != namespace:
-                continue
-            attempt = result.attempt
-            if request.name and result.name == request.name:
-                attempt = attempt or 1
-            if attempt is not None:
-                found[result.name] = (attempt, result)
-        last_attempt = 0
-        stored = self._stored_identity(store)
-        if stored:
-            last_attempt = int(stored.get("attempt") or 0)
-            if stored["name"] not in found and stored.get("namespace", namespace) == namespace:
-                try:
-                    result = backend.get(self._ref(stored["name"], namespace))
-                    found[result.name] = (last_attempt or 1, result)
-                except TrainJobNotFound:
-                    self.log.info("TrainJob %s recorded by an earlier try is gone", stored["name"])
-        if request.name and request.name not in found:
-            try:
-                result = backend.get(self._ref(request.name, namespace))
-                found[result.name] = (1, result)
-            except TrainJobNotFound:
-                pass
-        ordered = sorted(found.values(), key=lambda item: item[0])
-        for attempt, result in reversed(ordered):
-            if not result.state.terminal:
-                return result.ref, result, attempt
-        for attempt, result in reversed(ordered):
-            if result.succeeded:
-                return result.ref, result, attempt
-        if ordered:
-            failed = ", ".join(f"{r.name} ({r.state.value}: {r.reason or '-'})" for _, r in ordered)
-            self.log.info("Earlier attempts did not succeed: %s", failed)
-        last_attempt = max([last_attempt, *(a for a, _ in ordered)])
-        return None, None, last_attempt + 1
-
-    def _submit(self, backend: Backend, request: TrainJobRequest, attempt: int) -> JobRef:
-        if attempt > 1 and request.name:
-            # a fixed name cannot change per attempt: the failed job makes way for the new one
-            backend.cancel(self._ref(request.name, request.namespace))
-        return backend.submit(request, attempt=attempt)
 
     def _publish(self, context: Context, ref: JobRef, attempt: int) -> None:
         """Job name and namespace to XCom (before any deferral), for sensors, links and humans."""
@@ -599,47 +384,3 @@ class TrainJobOperator(_TrainJobBase):
 
         threading.Thread(target=delete, name=f"trainjob-on-kill-{ref['name']}", daemon=False).start()
         deleted_or_failed.wait(ON_KILL_WAIT_SECONDS)
-
-
-class _TrainJobActionOperator(_TrainJobBase):
-    """An operation on an existing TrainJob, named directly (templated, e.g. from XCom)."""
-
-    template_fields: Sequence[str] = ("job_name", "namespace")
-
-    def __init__(self, *, job_name: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.job_name = job_name
-
-
-class DeleteTrainJobOperator(_TrainJobActionOperator):
-    """Delete a TrainJob (and its pods); a missing job is fine unless ``fail_if_missing``."""
-
-    def __init__(self, *, fail_if_missing: bool = False, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.fail_if_missing = fail_if_missing
-
-    def execute(self, context: Context) -> bool:
-        ref = self._ref(self.job_name, self.namespace)
-        deleted = self.get_backend().cancel(ref)
-        if not deleted and self.fail_if_missing:
-            raise AirflowException(f"TrainJob {ref} does not exist")
-        self.log.info("TrainJob %s deleted: %s", ref, deleted)
-        return bool(deleted)
-
-
-class SuspendTrainJobOperator(_TrainJobActionOperator):
-    """Suspend a TrainJob (spec.suspend, as Kueue does): its pods stop, the job stays."""
-
-    def execute(self, context: Context) -> dict[str, Any]:
-        result = self.get_backend().suspend(self._ref(self.job_name, self.namespace))
-        self.log.info("TrainJob %s suspended: %s", result.ref, result.state.value)
-        return result.to_dict()
-
-
-class ResumeTrainJobOperator(_TrainJobActionOperator):
-    """Resume a suspended TrainJob."""
-
-    def execute(self, context: Context) -> dict[str, Any]:
-        result = self.get_backend().resume(self._ref(self.job_name, self.namespace))
-        self.log.info("TrainJob %s resumed: %s", result.ref, result.state.value)
-        return result.to_dict()

@@ -6,8 +6,20 @@ import json
 import re
 from typing import Any
 
-from trainflow.core.errors import BackendError, FieldIssue, InvalidRequest, TrainflowError, TrainJobNotFound
-from trainflow.core.kube.retry import status_of
+from trainflow.core.errors import (
+    AlreadyExists,
+    BackendError,
+    FieldIssue,
+    InvalidRequest,
+    NotFound,
+    OutcomeUnknown,
+    PermissionDenied,
+    TrainflowError,
+    TrainJobNotFound,
+    Transient,
+    Unauthorized,
+)
+from trainflow.core.kube.retry import is_connection_error, status_of
 
 # Manifest path prefix -> TrainJobRequest field (longest prefix wins).
 FIELD_MAP: tuple[tuple[str, str], ...] = (
@@ -132,36 +144,48 @@ def is_webhook_denial(exc: BaseException) -> bool:
     return "admission webhook" in server_message(exc)
 
 
+class Gone(BackendError):
+    """HTTP 410: the resourceVersion a watch started from is too old; list again."""
+
+
 def translate(
-    exc: BaseException, verb: str, resource: str, namespace: str, name: str | None = None
+    exc: Exception, verb: str, resource: str, namespace: str | None, name: str | None = None
 ) -> Exception:
-    """Map an ApiException to the trainflow error the caller should raise (others pass through)."""
+    """The one mapping of an API failure to a trainflow error; every KubeApi call goes through it.
+
+    404 -> TrainJobNotFound / NotFound, 403 -> PermissionDenied (or InvalidRequest for a webhook denial),
+    400/422 -> InvalidRequest naming the request field, 409 -> AlreadyExists, 410 -> Gone, a lost answer
+    of a create -> OutcomeUnknown, any other status -> BackendError with the server's message. Anything that
+    is neither an API answer nor a transport failure (a programming error) is returned unchanged.
+    """
+    if isinstance(exc, TrainflowError):
+        return exc
+    target = f"{resource}/{name}" if name else resource
+    where = f" in namespace {namespace!r}" if namespace else ""
     status = status_of(exc)
-    if status is None:
-        return exc if isinstance(exc, Exception) else BackendError(str(exc))
-    if status == 404 and resource == "trainjobs" and name:
-        return TrainJobNotFound(namespace, name)
+    if status is None and not is_connection_error(exc):
+        return exc
+    if status is None or status == 0:  # 0: kubernetes_asyncio's wrapper for a transport failure
+        if verb == "create":
+            return OutcomeUnknown(f"create {target}{where}: the answer was lost ({exc!r})")
+        return Transient(f"{verb} {target}{where}: the API server could not be reached ({exc!r})")
+    if status == 404:
+        if resource == "trainjobs" and name:
+            return TrainJobNotFound(namespace or "", name)
+        return NotFound(f"{target} not found{where}")
     if status == 403 and not is_webhook_denial(exc):
-        target = f"{resource}/{name}" if name else resource
-        return BackendError(
-            f"permission denied: cannot {verb} {target} in namespace {namespace!r} "
+        return PermissionDenied(
+            f"permission denied: cannot {verb} {target}{where} "
             f"(grant the verb {verb!r} on {resource} to this identity): {server_message(exc)}"
         )
     if status in (400, 422) or (status == 403 and is_webhook_denial(exc)):
         return invalid_from_status(exc)
+    if status == 409:
+        return AlreadyExists(f"{target}{where} already exists")
+    if status == 410:
+        return Gone(f"{verb} {target}{where}: {server_message(exc)}")
     if status == 401:
-        return BackendError(f"unauthorized: the API server rejected the credentials: {server_message(exc)}")
-    return BackendError(
-        f"{verb} {resource}{'/' + name if name else ''} in {namespace!r} failed: "
-        f"HTTP {status}: {server_message(exc)}"
-    )
-
-
-def reraise(
-    exc: BaseException, verb: str, resource: str, namespace: str, name: str | None = None
-) -> TrainflowError:
-    """``raise reraise(...) from exc`` helper with a precise type for mypy."""
-    mapped = translate(exc, verb, resource, namespace, name)
-    if isinstance(mapped, TrainflowError):
-        return mapped
-    return BackendError(f"{verb} {resource} failed: {mapped!r}")
+        return Unauthorized(f"unauthorized: the API server rejected the credentials: {server_message(exc)}")
+    if status == 429 or status >= 500:
+        return Transient(f"{verb} {target}{where} failed: HTTP {status}: {server_message(exc)}")
+    return BackendError(f"{verb} {target}{where} failed: HTTP {status}: {server_message(exc)}")

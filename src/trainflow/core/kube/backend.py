@@ -1,58 +1,87 @@
-"""KubernetesBackend: submit, wait (watch-based, sync and shared-async), logs, cancel TrainJobs on a cluster."""
+"""KubernetesBackend: TrainJobs on a cluster running Kubeflow Trainer v2 (``trainer.kubeflow.org/v1alpha1``).
+
+Pure logic over ``KubeApi`` (sync) and the shared watch's ``AsyncKubeApi`` (event loops): the API boundary
+retries and translates errors, ``lifecycle`` decides what to create, ``observe`` decides what each version of
+a TrainJob means, and the reads that explain an ending (metrics, diagnostics) are plans run on either API.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import logging
+import contextlib
 import random
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainflow.core.backend import UpdateCallback, as_ref, resolve_deadline
 from trainflow.core.errors import (
-    BackendError,
+    AlreadyExists,
     Diagnostics,
+    NotFound,
+    PermissionDenied,
     RuntimeNotFound,
-    TrainJobConflict,
     TrainJobFailed,
     TrainJobNotFound,
     WaitTimeout,
 )
 from trainflow.core.kube import diagnostics, retry
-from trainflow.core.kube.apierrors import reraise
-from trainflow.core.kube.client import KubeApi, iter_lines
-from trainflow.core.kube.config import async_configuration, load_cluster_config, new_api_client
-from trainflow.core.kube.logs import LogReader, newest_pod, step_target
-from trainflow.core.kube.reportlog import last_report
+from trainflow.core.kube.client import KubeApi
+from trainflow.core.kube.config import load_cluster_config
+from trainflow.core.kube.logs import LogReader, step_target
+from trainflow.core.kube.plan import Plan, arun, run
 from trainflow.core.kube.shared_watch import registry
-from trainflow.core.kube.watch import WatchStats, watch_until
-from trainflow.core.manifest import build_trainjob
-from trainflow.core.naming import KEY_LABEL, MANAGED_BY_LABEL
-from trainflow.core.request import TrainJobRequest
+from trainflow.core.kube.watch import WATCH_WINDOW, WatchStats, watch_until
+from trainflow.core.observe import UpdateCallback, Waiter, observe, resolve_deadline
 from trainflow.core.result import JobRef, JobState, TrainJobResult, result_from_trainjob
-from trainflow.core.runtimes import Runtime
-from trainflow.core.validation import immutable_differences, parse_request
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from trainflow.core.request import TrainJobRequest
+    from trainflow.core.runtimes import Runtime
 
-IDENTITY_LABELS = (KEY_LABEL, MANAGED_BY_LABEL)
-CREATE_ATTEMPTS = 3
+RUNTIME_TTL = (
+    300.0  # the Trainer reads a runtime when it creates a job; a read this old is still the one used
+)
 
 
 def _selector(labels: Mapping[str, str] | None) -> str | None:
     return ",".join(f"{k}={v}" for k, v in labels.items()) if labels else None
 
 
-class KubernetesBackend:
-    """TrainJobs on a Kubernetes cluster running Kubeflow Trainer v2 (``trainer.kubeflow.org/v1alpha1``).
+def finish(obj: Mapping[str, Any], raise_on_failure: bool, log_tail_lines: int) -> Plan[TrainJobResult]:
+    """A terminal TrainJob -> its result: metrics from rank 0's log only when trainerStatus has none; raise
+    TrainJobFailed with diagnostics on Failed."""
+    result = result_from_trainjob(obj)
+    if result.state is JobState.COMPLETE and not result.metrics:
+        metrics, progress = yield from diagnostics.metrics_from_log(
+            result.namespace, result.name, log_tail_lines
+        )
+        if metrics or progress is not None:
+            update = {"metrics": metrics, "progress": progress if progress is not None else result.progress}
+            result = result.replace(**update)
+    if result.state is JobState.FAILED and raise_on_failure:
+        diag = yield from diagnostics.collect(result.namespace, result.name)
+        raise TrainJobFailed(result, diag)
+    return result
 
-    Config: ``kubeconfig``, ``context``, ``in_cluster``, ``config_dict`` (inline kubeconfig), ``namespace``;
-    ``submit_timeout``: how long a job may stay without JobSet/pods before creation-failure events are
-    reported; ``log_tail_lines``: how much of rank 0's log is scanned for metrics at completion.
+
+def timed_out(ref: JobRef, waiter: Waiter, waited: float, diag: Diagnostics | None) -> Plan[WaitTimeout]:
+    """The WaitTimeout for a wait that ended early; a job never started gets its creation-failure events."""
+    state = waiter.result.state if waiter.result is not None else None
+    if diag is None and state in (JobState.CREATED, JobState.QUEUED):
+        diag = yield from diagnostics.creation_failure(ref.namespace, ref.name)
+    return WaitTimeout(ref.namespace, ref.name, state.value if state else "unknown", waited, diagnostics=diag)
+
+
+class KubernetesBackend:
+    """TrainJobs on a Kubernetes cluster.
+
+    Config: ``kubeconfig`` (one file, or several joined by ``:``), ``context``, ``in_cluster``,
+    ``config_dict`` (inline kubeconfig), ``namespace``; ``submit_timeout``: how long a job may stay without
+    JobSet progress before creation-failure events are looked for; ``log_tail_lines``: how much of rank 0's
+    log is scanned for metrics when trainerStatus carries none.
     """
 
     name = "kubernetes"
+    is_local = False
 
     def __init__(
         self,
@@ -74,15 +103,14 @@ class KubernetesBackend:
             namespace=namespace,
         )
         self.namespace = self.cluster.namespace
-        self.api_client = new_api_client(self.cluster)
-        self.api = KubeApi(self.api_client, retry_policy)
+        self.api = KubeApi(self.cluster, retry_policy)
         self.submit_timeout = submit_timeout
         self.log_tail_lines = log_tail_lines
         self.last_wait_stats: WatchStats | None = None
+        self._runtimes: dict[tuple[str, str, str], tuple[float, Runtime]] = {}
 
-    # --- lifecycle ------------------------------------------------------------------------------------
     def close(self) -> None:
-        self.api_client.close()
+        self.api.close()
 
     def __enter__(self) -> KubernetesBackend:
         return self
@@ -94,203 +122,85 @@ class KubernetesBackend:
         return f"KubernetesBackend(server={self.cluster.server!r}, namespace={self.namespace!r})"
 
     def _ref(self, ref: JobRef | str) -> JobRef:
-        return as_ref(ref, self.namespace)
+        return JobRef.parse(ref, self.namespace)
 
     # --- runtimes -------------------------------------------------------------------------------------
     def runtimes(self) -> list[Runtime]:
-        try:
-            objs = self.api.list_cluster_runtimes()
-        except Exception as exc:
-            raise reraise(exc, "list", "clustertrainingruntimes", self.namespace) from exc
-        try:
+        from trainflow.core.runtimes import Runtime
+
+        objs = self.api.list_cluster_runtimes()
+        # no permission, or no namespaced-runtime CRD: cluster runtimes only
+        with contextlib.suppress(PermissionDenied, NotFound):
             objs += self.api.list_runtimes(self.namespace)
-        except Exception as exc:
-            if retry.status_of(exc) not in (403, 404):  # no permission / CRD absent: cluster runtimes only
-                raise reraise(exc, "list", "trainingruntimes", self.namespace) from exc
         return [Runtime.from_object(o) for o in objs]
 
     def get_runtime(
         self, name: str, kind: str = "ClusterTrainingRuntime", namespace: str | None = None
     ) -> Runtime:
-        ns = namespace or self.namespace
+        """One runtime; read once per ``RUNTIME_TTL`` seconds (a launch and its log follower share the read)."""
+        from trainflow.core.runtimes import Runtime
+
+        key = (name, kind, namespace or self.namespace)
+        cached = self._runtimes.get(key)
+        if cached is not None and time.monotonic() - cached[0] < RUNTIME_TTL:
+            return cached[1]
         try:
-            return Runtime.from_object(self.api.get_runtime(name, kind, ns))
-        except Exception as exc:
-            if retry.status_of(exc) == 404:
-                try:
-                    available = [r.name for r in self.runtimes() if r.kind == kind]
-                except Exception:
-                    available = []
-                raise RuntimeNotFound(name, kind, available) from exc
-            plural = "trainingruntimes" if kind == "TrainingRuntime" else "clustertrainingruntimes"
-            raise reraise(exc, "get", plural, ns, name) from exc
-
-    def render(self, request: TrainJobRequest | dict[str, Any], *, attempt: int = 1) -> dict[str, Any]:
-        req = parse_request(request)
-        runtime = self.get_runtime(req.runtime, req.runtime_kind, req.namespace or self.namespace)
-        return build_trainjob(req, runtime, namespace=self.namespace, attempt=attempt)
-
-    # --- submit ---------------------------------------------------------------------------------------
-    def validate_remote(
-        self, request: TrainJobRequest | dict[str, Any], *, attempt: int = 1
-    ) -> dict[str, Any]:
-        """Server-side dry-run create (CRD schema, CEL, admission webhooks); returns the defaulted object."""
-        return self._dry_run(self.render(request, attempt=attempt))
-
-    def _dry_run(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        ns = str(manifest["metadata"].get("namespace") or self.namespace)
-        try:
-            return self.api.create_trainjob(ns, manifest, dry_run=True)
-        except Exception as exc:
-            if retry.status_of(exc) == 409:
-                return manifest  # exists already: the create itself will adopt or refuse it
-            raise reraise(exc, "create", "trainjobs", ns, manifest["metadata"]["name"]) from exc
-
-    def submit(
-        self, request: TrainJobRequest | dict[str, Any], *, dry_run: bool = False, attempt: int = 1
-    ) -> JobRef:
-        """Create the TrainJob (after a server-side dry-run when ``dry_run``); adopt our own on AlreadyExists."""
-        manifest = self.render(request, attempt=attempt)
-        ns = str(manifest["metadata"].get("namespace") or self.namespace)
-        name = str(manifest["metadata"]["name"])
-        if dry_run:
-            self._dry_run(manifest)  # the manifest just rendered: no second runtime read
-        obj = self.create_or_adopt(ns, manifest)
-        meta = obj.get("metadata") or {}
-        return JobRef(name=name, namespace=ns, uid=meta.get("uid"))
-
-    def create_or_adopt(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
-        """POST once; after AlreadyExists or a lost answer, look at what exists before doing anything else."""
-        name = str(manifest["metadata"]["name"])
-        throttled = 0
-        attempt = 0
-        while attempt < CREATE_ATTEMPTS:
-            attempt += 1
+            runtime = Runtime.from_object(self.api.get_runtime(name, kind, key[2]))
+        except NotFound:
             try:
-                return self.api.create_trainjob(namespace, manifest)
-            except Exception as exc:
-                status = retry.status_of(exc)
-                if status == 409:
-                    existing = self._get_raw(namespace, name)
-                    if existing is None:
-                        continue  # deleted between our POST and GET: try again
-                    return self.adopt(existing, manifest)
-                if status == 429 and throttled < self.api.policy.attempts:
-                    # refused before it was processed (priority and fairness): POST again after Retry-After
-                    throttled += 1
-                    attempt -= 1
-                    time.sleep(retry.wait_seconds(exc, throttled, self.api.policy))
-                    continue
-                if status is None and retry.is_connection_error(exc):
-                    # the POST may or may not have happened: the deterministic name tells us
-                    log.warning(
-                        "create of TrainJob %s/%s lost its answer (%r); checking", namespace, name, exc
-                    )
-                    existing = self._get_raw(namespace, name)
-                    if existing is not None:
-                        return self.adopt(existing, manifest)
-                    if attempt < CREATE_ATTEMPTS:
-                        time.sleep(retry.backoff(attempt))
-                        continue
-                raise reraise(exc, "create", "trainjobs", namespace, name) from exc
-        raise BackendError(f"could not create TrainJob {namespace}/{name} after {CREATE_ATTEMPTS} attempts")
+                available = [r.name for r in self.runtimes() if r.kind == kind]
+            except Exception:
+                available = []
+            raise RuntimeNotFound(name, kind, available) from None
+        self._runtimes[key] = (time.monotonic(), runtime)
+        return runtime
 
-    def adopt(self, existing: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
-        """Return ``existing`` if it is the TrainJob this manifest describes, else raise TrainJobConflict."""
-        meta = existing.get("metadata") or {}
-        name = f"{meta.get('namespace')}/{meta.get('name')}"
-        have = meta.get("labels") or {}
-        want = (manifest.get("metadata") or {}).get("labels") or {}
-        label_diffs = [k for k in IDENTITY_LABELS if k in want and have.get(k) != want[k]]
-        field_diffs = immutable_differences(existing, manifest)
-        if meta.get("deletionTimestamp"):
-            raise TrainJobConflict(f"TrainJob {name} exists but is being deleted; retry once it is gone")
-        if label_diffs or field_diffs:
-            parts = []
-            if label_diffs:
-                parts.append(
-                    "identity labels differ: "
-                    + ", ".join(f"{k}={have.get(k)!r} (wanted {want[k]!r})" for k in label_diffs)
-                )
-            if field_diffs:
-                parts.append("immutable fields differ: " + ", ".join(field_diffs))
-            raise TrainJobConflict(
-                f"TrainJob {name} already exists and is not this request's ({'; '.join(parts)}); "
-                "use another name or idempotency_key, or delete the existing TrainJob"
-            )
-        log.info("adopted existing TrainJob %s", name)
-        return existing
+    # --- launch primitives ----------------------------------------------------------------------------
+    def find(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        return list(self.api.list_trainjobs(namespace, label_selector=_selector(labels)).get("items") or [])
 
-    # --- reads ----------------------------------------------------------------------------------------
-    def _get_raw(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def read(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return self.api.get_trainjob(namespace, name)
-        except Exception as exc:
-            if retry.status_of(exc) == 404:
-                return None
-            raise reraise(exc, "get", "trainjobs", namespace, name) from exc
+        except TrainJobNotFound:
+            return None
 
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return self.api.create_trainjob(self._namespace_of(manifest), manifest)
+
+    def adopt(self, obj: Mapping[str, Any]) -> None:
+        """Nothing to do on a cluster: the controllers run what exists."""
+
+    def dry_run(self, manifest: dict[str, Any]) -> None:
+        """Server-side dry-run create: CRD schema, CEL rules and admission webhooks; nothing is stored."""
+        # AlreadyExists: the name is taken; launch would adopt or refuse it, so the request itself is valid
+        with contextlib.suppress(AlreadyExists):
+            self.api.create_trainjob(self._namespace_of(manifest), manifest, dry_run=True)
+
+    def _namespace_of(self, manifest: Mapping[str, Any]) -> str:
+        return str((manifest.get("metadata") or {}).get("namespace") or self.namespace)
+
+    def submit(self, request: TrainJobRequest | Mapping[str, Any], *, dry_run: bool = False) -> JobRef:
+        from trainflow.core import lifecycle  # the request side loads on first submit, not for a waiter
+
+        return lifecycle.launch(self, request, dry_run=dry_run).ref
+
+    def render(self, request: TrainJobRequest | Mapping[str, Any], *, attempt: int = 1) -> dict[str, Any]:
+        from trainflow.core import lifecycle
+
+        return lifecycle.render(self, request, attempt=attempt)
+
+    # --- reads ----------------------------------------------------------------------------------------
     def get(self, ref: JobRef | str) -> TrainJobResult:
         r = self._ref(ref)
-        obj = self._get_raw(r.namespace, r.name)
-        if obj is None:
-            raise TrainJobNotFound(r.namespace, r.name)
-        return result_from_trainjob(obj)
+        return result_from_trainjob(self.api.get_trainjob(r.namespace, r.name))
 
     # --- wait -----------------------------------------------------------------------------------------
-    def _tracker(self, on_update: UpdateCallback | None) -> Any:
-        last: list[tuple[Any, ...]] = []
+    def _waiter(self, timeout: float | None, deadline: float | None) -> Waiter:
+        return Waiter(deadline=resolve_deadline(timeout, deadline), submit_timeout=self.submit_timeout)
 
-        def observe(obj: dict[str, Any]) -> TrainJobResult:
-            result = result_from_trainjob(obj)
-            if result.state is JobState.CREATED and last and last[0][0] is JobState.RUNNING:
-                # Trainer briefly publishes all-zero jobsStatus between a pod failing and Failed: a job
-                # that ran is not reported as back to Created.
-                result = result.model_copy(update={"state": JobState.RUNNING})
-            key = (result.state, result.reason, result.progress, tuple(sorted(result.metrics.items())))
-            if on_update is not None and (not last or last[0] != key):
-                on_update(result)
-            last[:] = [key]
-            return result
-
-        return observe
-
-    def _creation_check_due(self, obj: dict[str, Any], checked: list[float]) -> bool:
-        """Cheap, no I/O: is the job still without JobSet progress after ``submit_timeout``, unchecked for 30 s?"""
-        result = result_from_trainjob(obj)
-        status = obj.get("status") or {}
-        if result.state is not JobState.CREATED or status.get("jobsStatus"):
-            return False
-        created = result.created_at.timestamp() if result.created_at else time.time()
-        now = time.time()
-        if now - created < self.submit_timeout or (checked and now - checked[0] < 30):
-            return False
-        checked[:] = [now]
-        return True
-
-    def _creation_stuck(self, obj: dict[str, Any], checked: list[float]) -> Diagnostics | None:
-        """After ``submit_timeout`` without JobSet progress: creation-failure events, if any (checked rarely)."""
-        if not self._creation_check_due(obj, checked):
-            return None
-        meta = obj.get("metadata") or {}
-        return self._creation_diagnostics(str(meta.get("namespace", "")), str(meta.get("name", "")))
-
-    def _creation_diagnostics(self, namespace: str, name: str) -> Diagnostics | None:
-        try:
-            events = diagnostics.trainjob_events(self.api, namespace, name)
-        except Exception:
-            return None
-        if not diagnostics.has_creation_failure(events):
-            return None
-        return Diagnostics(events=diagnostics.event_lines(events, {name}))
-
-    def _timeout(
-        self, ref: JobRef, obj: dict[str, Any] | None, waited: float, diag: Diagnostics | None
-    ) -> WaitTimeout:
-        state = result_from_trainjob(obj).state.value if obj else "unknown"
-        if diag is None and obj is not None and state in (JobState.CREATED.value, JobState.QUEUED.value):
-            diag = self._creation_diagnostics(ref.namespace, ref.name)
-        return WaitTimeout(ref.namespace, ref.name, state, waited, diagnostics=diag)
+    def _window(self) -> float:
+        return max(5.0, min(WATCH_WINDOW, self.submit_timeout / 4))
 
     def wait(
         self,
@@ -302,101 +212,36 @@ class KubernetesBackend:
         on_update: UpdateCallback | None = None,
         resource_version: str | None = None,
     ) -> TrainJobResult:
-        """Watch until Complete/Failed or the absolute deadline (WaitTimeout; the job keeps running)."""
+        """Watch until Complete/Failed or the deadline (WaitTimeout; the job keeps running)."""
         r = self._ref(ref)
         started = time.time()
-        dl = resolve_deadline(timeout, deadline)
-        observe = self._tracker(on_update)
-        checked: list[float] = []
+        waiter = self._waiter(timeout, deadline)
         stuck: list[Diagnostics] = []
 
-        def done(obj: dict[str, Any]) -> bool:
-            if observe(obj).state.terminal:
-                return True
-            diag = self._creation_stuck(obj, checked)
-            if diag is not None:
-                stuck.append(diag)
-                return True
-            return False
+        def feed(obj: dict[str, Any] | None) -> bool:
+            out = observe(waiter, obj, time.time())
+            if out.changed and on_update is not None and out.result is not None:
+                on_update(out.result)
+            if out.check_creation:
+                diag = run(diagnostics.creation_failure(r.namespace, r.name), self.api)
+                if diag is not None:
+                    stuck.append(diag)
+            return out.done or out.timed_out or bool(stuck)
 
-        stats = WatchStats()
-        self.last_wait_stats = stats
-        window = max(5.0, min(300.0, self.submit_timeout / 4))
-        try:
-            obj, finished = watch_until(
-                self.api,
-                r.namespace,
-                r.name,
-                deadline=dl,
-                done=done,
-                window=window,
-                resource_version=resource_version,
-                stats=stats,
-            )
-        except (TrainJobNotFound, BackendError):
-            raise
-        except Exception as exc:
-            raise reraise(exc, "watch", "trainjobs", r.namespace, r.name) from exc
-        if stuck or not finished:
-            raise self._timeout(r, obj, time.time() - started, stuck[0] if stuck else None)
-        assert obj is not None
-        return self.finish(obj, raise_on_failure=raise_on_failure)
-
-    def finish(self, obj: dict[str, Any], *, raise_on_failure: bool = True) -> TrainJobResult:
-        """Terminal object -> result (metrics from rank 0's log if status has none); raise on Failed."""
-        result = result_from_trainjob(obj)
-        if result.state is JobState.COMPLETE and not result.metrics:
-            metrics, progress = self.metrics_from_log(obj)
-            if metrics or progress is not None:
-                result = result.model_copy(
-                    update={
-                        "metrics": metrics,
-                        "progress": progress if progress is not None else result.progress,
-                    }
-                )
-        if result.state is JobState.FAILED:
-            diag = diagnostics.collect(self.api, result.namespace, result.name)
-            if raise_on_failure:
-                raise TrainJobFailed(result, diag)
-        return result
-
-    def metrics_from_log(self, obj: dict[str, Any]) -> tuple[dict[str, float | str], int | None]:
-        """Best effort: the last TRAINFLOW_REPORT line in the tail of rank 0's log (two API calls)."""
-        meta = obj.get("metadata") or {}
-        name, ns = str(meta.get("name")), str(meta.get("namespace") or self.namespace)
-        selector = (
-            f"{diagnostics.JOBSET_NAME_LABEL}={name},{diagnostics.REPLICATED_JOB_LABEL} in (launcher,node),"
-            f"{diagnostics.COMPLETION_INDEX_LABEL}=0"
+        self.last_wait_stats = stats = WatchStats()
+        window = self._window()
+        watch_until(
+            self.api,
+            r.namespace,
+            r.name,
+            feed=feed,
+            window=lambda: waiter.next_check(time.time(), window),
+            resource_version=resource_version,
+            stats=stats,
         )
-        try:
-            pods = self.api.list_pods(ns, selector, limit=10)
-            launcher = [
-                p for p in pods if diagnostics.pod_label(p, diagnostics.REPLICATED_JOB_LABEL) == "launcher"
-            ]
-            pod = newest_pod(launcher or pods)  # MPI: rank 0 is the launcher
-            if pod is None:
-                return {}, None
-            resp = self.api.pod_log(
-                ns, str(pod["metadata"]["name"]), "node", tail_lines=self.log_tail_lines, limit_bytes=1 << 20
-            )
-            try:
-                lines = [raw.decode("utf-8", "replace") for raw in iter_lines(resp)]
-            finally:
-                resp.release_conn()
-            return last_report(lines)
-        except Exception as exc:
-            log.debug("no metrics from the log of %s/%s: %r", ns, name, exc)
-            return {}, None
-
-    def _runtime_of(self, obj: Mapping[str, Any]) -> Runtime | None:
-        ref = (obj.get("spec") or {}).get("runtimeRef") or {}
-        ns = (obj.get("metadata") or {}).get("namespace") or self.namespace
-        try:
-            return self.get_runtime(
-                str(ref.get("name")), str(ref.get("kind") or "ClusterTrainingRuntime"), ns
-            )
-        except Exception:
-            return None
+        if waiter.obj is None or waiter.result is None or not waiter.result.state.terminal:
+            raise run(timed_out(r, waiter, time.time() - started, stuck[0] if stuck else None), self.api)
+        return run(finish(waiter.obj, raise_on_failure, self.log_tail_lines), self.api)
 
     async def wait_async(
         self,
@@ -410,40 +255,30 @@ class KubernetesBackend:
         """``wait`` for event loops: every waiter of this loop shares one watch per (server, namespace)."""
         r = self._ref(ref)
         started = time.time()
-        dl = resolve_deadline(timeout, deadline)
-        observe = self._tracker(on_update)
+        waiter = self._waiter(timeout, deadline)
         reg = registry()
         key = (self.cluster.server, r.namespace)
-        checked: list[float] = []
-        obj: dict[str, Any] | None = None
-        async with reg.subscribe(key, lambda: async_configuration(self.cluster), r.name) as box:
+        async with reg.subscribe(key, self.cluster.async_configuration, r.name) as box:
             while True:
-                remaining = None if dl is None else dl - time.time()
-                if remaining is not None and remaining <= 0:
-                    break
                 # jittered, so waiters started together (triggerer restart, fan-out) do not wake together
-                window = max(5.0, min(300.0, self.submit_timeout / 4)) * random.uniform(0.8, 1.2)
-                update = await reg.next_update(
-                    key, box, window if remaining is None else min(window, remaining)
-                )
+                window = self._window() * random.uniform(0.8, 1.2)
+                update = await reg.next_update(key, box, waiter.next_check(time.time(), window))
+                obj = None
                 if update is not None:
-                    new_obj, deleted = update
-                    if new_obj is not None:
-                        obj = new_obj
-                        if observe(obj).state.terminal:
-                            break
+                    obj, deleted = update
                     if deleted:
                         raise TrainJobNotFound(r.namespace, r.name)
-                if obj is not None and self._creation_check_due(obj, checked):
-                    meta = obj.get("metadata") or {}
-                    diag = await asyncio.to_thread(
-                        self._creation_diagnostics, str(meta.get("namespace", "")), str(meta.get("name", ""))
-                    )
-                    if diag is not None:
-                        raise self._timeout(r, obj, time.time() - started, diag)
-        if obj is None or not result_from_trainjob(obj).state.terminal:
-            raise await asyncio.to_thread(self._timeout, r, obj, time.time() - started, None)
-        return await asyncio.to_thread(self.finish, obj, raise_on_failure=raise_on_failure)
+                out = observe(waiter, obj, time.time())
+                if out.changed and on_update is not None and out.result is not None:
+                    on_update(out.result)
+                if out.done:
+                    assert waiter.obj is not None
+                    return await arun(finish(waiter.obj, raise_on_failure, self.log_tail_lines), reg.api(key))
+                diag = None
+                if out.check_creation:
+                    diag = await arun(diagnostics.creation_failure(r.namespace, r.name), reg.api(key))
+                if out.timed_out or diag is not None:
+                    raise await arun(timed_out(r, waiter, time.time() - started, diag), reg.api(key))
 
     # --- logs, cancel, suspend ------------------------------------------------------------------------
     def logs(
@@ -456,48 +291,38 @@ class KubernetesBackend:
         pod_wait: float = 120.0,
     ) -> Iterator[str]:
         r = self._ref(ref)
-        obj = self._get_raw(r.namespace, r.name)
-        if obj is None:
-            raise TrainJobNotFound(r.namespace, r.name)
+        obj = self.api.get_trainjob(r.namespace, r.name)
         reader = LogReader(
             self.api, r.namespace, step_target(r.name, step, self._runtime_of(obj)), pod_wait=pod_wait
         )
-        lines = reader.follow(tail_lines) if follow else reader.read(tail_lines)
-        return self._translated(lines, r)
+        return reader.follow(tail_lines) if follow else reader.read(tail_lines)
 
-    def _translated(self, lines: Iterator[str], ref: JobRef) -> Iterator[str]:
-        """API errors while reading a log become trainflow errors (403 names the verb and resource)."""
+    def _runtime_of(self, obj: Mapping[str, Any]) -> Runtime | None:
+        ref = (obj.get("spec") or {}).get("runtimeRef") or {}
+        ns = (obj.get("metadata") or {}).get("namespace") or self.namespace
         try:
-            yield from lines
-        except Exception as exc:
-            if retry.status_of(exc) is None:
-                raise
-            raise reraise(exc, "get", "pods/log", ref.namespace, ref.name) from exc
+            return self.get_runtime(
+                str(ref.get("name")), str(ref.get("kind") or "ClusterTrainingRuntime"), ns
+            )
+        except Exception:
+            return None
 
     def cancel(self, ref: JobRef | str) -> bool:
-        """Delete the TrainJob; the garbage collector then removes its JobSet, Jobs and pods. False when it
-        was already gone.
-
-        Background propagation, as kubectl and the Kubeflow SDK delete: measured on the testbed, Foreground kept
-        the TrainJob 33-41 s and its pods 50 s (the JobSet/Job chain kept reconciling while it was being
-        deleted), Background removed the TrainJob at once and the pods in 5.8-29.8 s.
-        """
+        """Delete the TrainJob with Background propagation, as kubectl and the Kubeflow SDK do (see
+        docs/reliability.md); the garbage collector then removes its JobSet, Jobs and pods. False when it
+        was already gone."""
         r = self._ref(ref)
         try:
             self.api.delete_trainjob(r.namespace, r.name, "Background")
-        except Exception as exc:
-            if retry.status_of(exc) == 404:
-                return False
-            raise reraise(exc, "delete", "trainjobs", r.namespace, r.name) from exc
+        except TrainJobNotFound:
+            return False
         return True
 
     def _set_suspend(self, ref: JobRef | str, value: bool) -> TrainJobResult:
         r = self._ref(ref)
-        try:
-            obj = self.api.patch_trainjob(r.namespace, r.name, {"spec": {"suspend": value}})
-        except Exception as exc:
-            raise reraise(exc, "patch", "trainjobs", r.namespace, r.name) from exc
-        return result_from_trainjob(obj)
+        return result_from_trainjob(
+            self.api.patch_trainjob(r.namespace, r.name, {"spec": {"suspend": value}})
+        )
 
     def suspend(self, ref: JobRef | str) -> TrainJobResult:
         return self._set_suspend(ref, True)
@@ -506,10 +331,6 @@ class KubernetesBackend:
         return self._set_suspend(ref, False)
 
     # last, so that ``list`` in the annotations above is the builtin
+
     def list(self, labels: Mapping[str, str] | None = None) -> list[TrainJobResult]:
-        """TrainJobs in this backend's namespace, optionally filtered by labels."""
-        try:
-            listed = self.api.list_trainjobs(self.namespace, label_selector=_selector(labels))
-        except Exception as exc:
-            raise reraise(exc, "list", "trainjobs", self.namespace) from exc
-        return [result_from_trainjob(o) for o in listed.get("items") or []]
+        return [result_from_trainjob(o) for o in self.find(self.namespace, labels or {})]

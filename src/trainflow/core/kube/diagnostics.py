@@ -1,4 +1,7 @@
-"""Why a TrainJob failed or is stuck, from its pods and Warning events (bounded: a few API calls, short text)."""
+"""Why a TrainJob failed or is stuck, and rank 0's reported metrics, from its pods, events and log.
+
+The reads are plans (``kube/plan.py``): the same steps run on the sync client or on an event loop.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from trainflow.core.errors import Diagnostics
+from trainflow.core.kube.plan import Plan, Read, read
+from trainflow.core.kube.reportlog import last_report
 
 log = logging.getLogger(__name__)
 
@@ -121,29 +126,38 @@ def has_creation_failure(events: Iterable[Mapping[str, Any]]) -> bool:
     return any(ev.get("type") == "Warning" and ev.get("reason") == CREATION_FAILED_REASON for ev in events)
 
 
-def trainjob_events(api: Any, namespace: str, name: str) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = api.list_events(
-        namespace, f"involvedObject.kind=TrainJob,involvedObject.name={name}"
-    )
-    return events
+def _trainjob_events(namespace: str, name: str) -> Read:
+    return read("list_events", namespace, f"involvedObject.kind=TrainJob,involvedObject.name={name}")
+
+
+def creation_failure(namespace: str, name: str) -> Plan[Diagnostics | None]:
+    """The TrainJob's creation-failure events (the JobSet could not be made), or None. One events LIST."""
+    try:
+        events = yield _trainjob_events(namespace, name)
+    except Exception as exc:
+        log.debug("events of %s/%s: %r", namespace, name, exc)
+        return None
+    if not has_creation_failure(events):
+        return None
+    return Diagnostics(events=event_lines(events, {name}))
 
 
 def collect(
-    api: Any, namespace: str, name: str, *, log_container: str = "node", tail_lines: int = 20
-) -> Diagnostics:
+    namespace: str, name: str, *, log_container: str = "node", tail_lines: int = 20
+) -> Plan[Diagnostics]:
     """Diagnostics for one TrainJob: one pod list, two event lists, at most one log tail. Never raises."""
     diag = Diagnostics()
     pods: list[dict[str, Any]] = []
     try:
-        pods = api.list_pods(namespace, f"{JOBSET_NAME_LABEL}={name}")
+        pods = yield read("list_pods", namespace, f"{JOBSET_NAME_LABEL}={name}")
         diag.pod_problems, diag.failed_ranks = pod_problems(pods)
     except Exception as exc:  # diagnostics are best effort
         log.debug("listing pods of %s/%s failed: %r", namespace, name, exc)
     try:
-        events = trainjob_events(api, namespace, name)
+        events = list((yield _trainjob_events(namespace, name)))
         pod_names = {str((p.get("metadata") or {}).get("name")) for p in pods}
         if pod_names:
-            events += api.list_events(namespace, "involvedObject.kind=Pod,type=Warning")
+            events += yield read("list_events", namespace, "involvedObject.kind=Pod,type=Warning")
         diag.events = event_lines(events, {name, *pod_names})
     except Exception as exc:
         log.debug("listing events of %s/%s failed: %r", namespace, name, exc)
@@ -151,13 +165,45 @@ def collect(
         if failed.get("container") != log_container:
             continue
         try:
-            resp = api.pod_log(
-                namespace, failed["pod"], log_container, tail_lines=tail_lines, limit_bytes=16384
+            text = yield read(
+                "log_text", namespace, failed["pod"], log_container, tail_lines=tail_lines, limit_bytes=16384
             )
-            data = resp.read()
-            text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
-            diag.log_tail = "\n".join(text.splitlines()[-tail_lines:])
+            diag.log_tail = "\n".join(str(text).splitlines()[-tail_lines:])
         except Exception as exc:
             log.debug("log tail of %s failed: %r", failed["pod"], exc)
         break
     return diag
+
+
+def metrics_from_log(
+    namespace: str, name: str, tail_lines: int
+) -> Plan[tuple[dict[str, float | str], int | None]]:
+    """Best effort: the last TRAINFLOW_REPORT line in the tail of rank 0's log (a pod LIST and a log read)."""
+    selector = (
+        f"{JOBSET_NAME_LABEL}={name},{REPLICATED_JOB_LABEL} in (launcher,node),{COMPLETION_INDEX_LABEL}=0"
+    )
+    try:
+        pods = yield read("list_pods", namespace, selector, limit=10)
+        launcher = [p for p in pods if pod_label(p, REPLICATED_JOB_LABEL) == "launcher"]
+        pod = newest(launcher or pods)  # MPI: rank 0 is the launcher
+        if pod is None:
+            return {}, None
+        text = yield read(
+            "log_text",
+            namespace,
+            str(pod["metadata"]["name"]),
+            "node",
+            tail_lines=tail_lines,
+            limit_bytes=1 << 20,
+        )
+    except Exception as exc:
+        log.debug("no metrics from the log of %s/%s: %r", namespace, name, exc)
+        return {}, None
+    return last_report(str(text).splitlines())
+
+
+def newest(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """After restarts several pods match a step: the newest one holds the current log."""
+    if not pods:
+        return None
+    return max(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))

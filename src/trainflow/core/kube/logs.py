@@ -9,13 +9,21 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainflow.core.errors import BackendError, InvalidRequest
+from trainflow.core.errors import BackendError, InvalidRequest, NotFound
 from trainflow.core.kube import retry
 from trainflow.core.kube.client import KubeApi, iter_lines
-from trainflow.core.kube.diagnostics import COMPLETION_INDEX_LABEL, JOBSET_NAME_LABEL, REPLICATED_JOB_LABEL
-from trainflow.core.runtimes import TRAINER_CONTAINER, Runtime
+from trainflow.core.kube.diagnostics import (
+    COMPLETION_INDEX_LABEL,
+    JOBSET_NAME_LABEL,
+    REPLICATED_JOB_LABEL,
+    newest,
+)
+from trainflow.core.naming import TRAINER_CONTAINER
+
+if TYPE_CHECKING:
+    from trainflow.core.runtimes import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +59,6 @@ def step_target(job: str, step: str, runtime: Runtime | None) -> StepTarget:
         replicated, index = "node", rank - 1 if launcher_is_node else rank
     selector = f"{base},{REPLICATED_JOB_LABEL}={replicated},{COMPLETION_INDEX_LABEL}={index}"
     return StepTarget(step, selector, TRAINER_CONTAINER)
-
-
-def newest_pod(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """After restarts several pods match a step: the newest one holds the current log."""
-    if not pods:
-        return None
-    return max(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or ""))
 
 
 def container_state(pod: Mapping[str, Any], container: str) -> str:
@@ -101,7 +102,7 @@ class LogReader:
         self.reconnects = 0
 
     def find_pod(self) -> dict[str, Any] | None:
-        return newest_pod(self.api.list_pods(self.namespace, self.target.selector, limit=20))
+        return newest(self.api.list_pods(self.namespace, self.target.selector, limit=20))
 
     def wait_for_pod(self, deadline: float) -> dict[str, Any]:
         """Wait (bounded) until the step's pod exists and its container has started."""
@@ -151,9 +152,7 @@ class LogReader:
                     tail_lines=tail_lines if last_ts is None else None,
                     since_seconds=since,
                 )
-            except Exception as exc:
-                if not retry.is_retryable(exc):
-                    raise
+            except NotFound:  # the pod went away between the look and the open: checked below
                 dropped = True
                 resp = None
             if resp is not None:

@@ -16,9 +16,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import tenacity
-import urllib3.exceptions
-
 T = TypeVar("T")
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
@@ -48,9 +45,10 @@ def status_of(exc: BaseException) -> int | None:
 
 def is_connection_error(exc: BaseException) -> bool:
     """Transport failures: the request may not have reached the server, or its answer was lost."""
-    if isinstance(
-        exc, ConnectionError | TimeoutError | urllib3.exceptions.HTTPError | http.client.HTTPException
-    ):
+    if isinstance(exc, ConnectionError | TimeoutError | http.client.HTTPException):
+        return True
+    urllib3 = sys.modules.get("urllib3")  # loaded with the sync client only: an event loop never needs it
+    if urllib3 is not None and isinstance(exc, urllib3.exceptions.HTTPError):
         return True
     aiohttp = sys.modules.get("aiohttp")  # only loaded when the async path is in use
     if aiohttp is not None and isinstance(exc, aiohttp.ClientError):
@@ -115,6 +113,8 @@ def wait_seconds(exc: BaseException | None, attempt: int, policy: RetryPolicy = 
 
 
 def _tenacity_kwargs(policy: RetryPolicy, deadline: float | None) -> dict[str, Any]:
+    import tenacity
+
     def wait(state: tenacity.RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
         delay = wait_seconds(exc, state.attempt_number, policy)
@@ -141,6 +141,8 @@ def call(
     **kwargs: Any,
 ) -> T:
     """Call ``fn`` and retry it on retryable errors. Only for idempotent requests."""
+    import tenacity
+
     for attempt in tenacity.Retrying(**_tenacity_kwargs(policy, deadline)):
         with attempt:
             return fn(*args, **kwargs)
@@ -155,6 +157,8 @@ async def acall(
     **kwargs: Any,
 ) -> T:
     """``call`` for coroutines (kubernetes_asyncio)."""
+    import tenacity
+
     async for attempt in tenacity.AsyncRetrying(**_tenacity_kwargs(policy, deadline)):
         with attempt:
             return await fn(*args, **kwargs)

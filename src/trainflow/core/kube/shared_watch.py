@@ -11,23 +11,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import json
 import logging
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainflow.core.errors import BackendError, TrainJobNotFound
+from trainflow.core.errors import BackendError, TrainJobNotFound, Transient, Unauthorized
 from trainflow.core.kube import retry
-from trainflow.core.kube.apierrors import server_message
-from trainflow.core.kube.client import PLURAL
-from trainflow.core.runtimes import GROUP, VERSION
+from trainflow.core.kube.aio import AsyncKubeApi
+from trainflow.core.kube.apierrors import Gone
+from trainflow.core.kube.watch import parse_event
 
 log = logging.getLogger(__name__)
 
 WatchKey = tuple[str, str]  # (server URL, namespace)
-ConfigFactory = Callable[[], Any]  # -> kubernetes_asyncio Configuration
+ConfigFactory = Callable[[], Awaitable[Any]]  # -> a fresh kubernetes_asyncio Configuration
+MAX_REAUTH = 3  # 401s in a row (an expired exec-plugin token): reload the credentials, then give up
 
 WINDOW = 300
 GRACE = 5.0  # how long a waiter whose job is not in the cache waits for its ADDED event before a GET
@@ -81,7 +81,7 @@ class NamespaceWatch:
     stats: SharedWatchStats = field(default_factory=SharedWatchStats)
     synced: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
-    api_client: Any = None
+    api: AsyncKubeApi | None = None
     client_import: asyncio.Future[Any] | None = None  # the loop's one off-loop import of kubernetes_asyncio
 
     @property
@@ -104,10 +104,8 @@ class NamespaceWatch:
             for box in boxes:
                 box.put_error(exc)
 
-    async def _list(self, custom: Any) -> str:
-        listed = await retry.acall(
-            custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL
-        )
+    async def _list(self, api: AsyncKubeApi) -> str:
+        listed = await api.list_trainjobs(self.namespace)
         self.stats.lists += 1
         fresh = {str(i["metadata"]["name"]): i for i in listed.get("items") or []}
         self.objects = fresh
@@ -116,120 +114,112 @@ class NamespaceWatch:
         self.synced.set()
         return str((listed.get("metadata") or {}).get("resourceVersion") or "")
 
-    async def _watch_once(self, custom: Any, rv: str) -> str | None:
+    def _apply(self, kind: str, item: dict[str, Any]) -> None:
+        name = str((item.get("metadata") or {}).get("name"))
+        if kind == "DELETED":
+            self.objects.pop(name, None)
+            self._dispatch(name, None)
+        else:
+            self.objects[name] = item
+            self._dispatch(name, item)
+
+    async def _watch_once(self, api: AsyncKubeApi, rv: str) -> str | None:
         """One watch request; returns the newest resourceVersion, or None when a re-list is needed."""
-        resp = await retry.acall(
-            custom.list_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            self.namespace,
-            PLURAL,
-            watch=True,
-            resource_version=rv,
-            timeout_seconds=WINDOW,
-            allow_watch_bookmarks=True,
-            _preload_content=False,
-            _request_timeout=WINDOW + 30,
-        )
+        try:
+            resp = await api.watch_trainjobs(self.namespace, rv, WINDOW)
+        except Gone:
+            return None
         self.stats.watches += 1
         try:
-            if resp.status == 410:
-                return None
-            if not 200 <= resp.status <= 299:
-                body = await resp.text()
-                from kubernetes_asyncio.client.exceptions import ApiException
-
-                raise ApiException(status=resp.status, reason=f"{resp.reason}: {body[:500]}")
             buf = b""
             async for chunk in resp.content.iter_any():
                 buf += chunk
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
-                    if not line.strip():
+                    event = parse_event(line, f"TrainJobs in {self.namespace!r}")
+                    if event is None:
                         continue
-                    event = json.loads(line)
-                    kind = event.get("type")
-                    item = event.get("object") or {}
-                    if kind == "ERROR":
-                        if item.get("code") == 410:
-                            return None
-                        raise BackendError(
-                            f"TrainJob watch in {self.namespace!r} failed: {item.get('message')}"
-                        )
-                    meta = item.get("metadata") or {}
-                    if meta.get("resourceVersion"):
-                        rv = str(meta["resourceVersion"])
-                    if kind == "BOOKMARK":
-                        continue
-                    self.stats.events += 1
-                    name = str(meta.get("name"))
-                    if kind == "DELETED":
-                        self.objects.pop(name, None)
-                        self._dispatch(name, None)
-                    else:
-                        self.objects[name] = item
-                        self._dispatch(name, item)
+                    kind, item = event
+                    rv = str((item.get("metadata") or {}).get("resourceVersion") or rv)
+                    if kind != "BOOKMARK":
+                        self.stats.events += 1
+                        self._apply(kind, item)
             return rv
+        except Gone:  # an ERROR 410 event inside the stream
+            return None
         finally:
             resp.release()
 
     async def run(self) -> None:
         if self.client_import is not None:
             await asyncio.shield(self.client_import)  # never import on the loop: it would block every waiter
-        from kubernetes_asyncio.client import ApiClient, CustomObjectsApi
+        from kubernetes_asyncio.client import ApiClient
 
-        failures = 0
-        gone_in_a_row = 0
-        async with ApiClient(configuration=self.config_factory()) as api_client:
-            self.api_client = api_client
-            custom = CustomObjectsApi(api_client)
-            rv: str | None = None
-            while True:
-                try:
-                    if rv is None:
-                        rv = await self._list(custom)
-                    new_rv = await self._watch_once(custom, rv)
-                    if new_rv is None:
-                        self.stats.relists_410 += 1
-                        gone_in_a_row += 1
-                        if gone_in_a_row > 1:  # a server that keeps answering 410: do not spin
-                            await asyncio.sleep(retry.backoff(min(gone_in_a_row, 6)))
-                    else:
-                        gone_in_a_row = 0
-                    rv = new_rv
-                    failures = 0
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    if not retry.is_retryable(exc) and not isinstance(exc, ValueError):
-                        log.warning("shared TrainJob watch %s stopped: %r", self.key, exc)
-                        self._fail_all(exc)
-                        return
-                    failures += 1
-                    self.stats.reconnects += 1
-                    log.debug("shared TrainJob watch %s dropped (%r); reconnecting", self.key, exc)
-                    await asyncio.sleep(retry.backoff(min(failures, 6)))
+        reauth = 0
+        while True:
+            try:
+                configuration = await self.config_factory()
+            except Exception as exc:
+                self._fail_all(exc)
+                return
+            async with ApiClient(configuration=configuration) as api_client:
+                self.api = AsyncKubeApi(api_client)
+                outcome = await self._loop(self.api)
+            if outcome == "reauth" and reauth < MAX_REAUTH:
+                reauth += 1
+                log.info("shared TrainJob watch %s: credentials rejected; reloading them", self.key)
+                continue
+            return
+
+    async def _loop(self, api: AsyncKubeApi) -> str:
+        failures = gone_in_a_row = 0
+        rv: str | None = None
+        while True:
+            try:
+                if rv is None:
+                    rv = await self._list(api)
+                new_rv = await self._watch_once(api, rv)
+                if new_rv is None:
+                    self.stats.relists_410 += 1
+                    gone_in_a_row += 1
+                    if gone_in_a_row > 1:  # a server that keeps answering 410: do not spin
+                        await asyncio.sleep(retry.backoff(min(gone_in_a_row, 6)))
+                else:
+                    gone_in_a_row = 0
+                rv = new_rv
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Unauthorized:
+                return "reauth"
+            except Transient as exc:  # away longer than one call's retries: keep the waiters, keep trying
+                failures += 1
+                self.stats.reconnects += 1
+                log.warning("shared TrainJob watch %s: %s; trying again", self.key, exc)
+                await asyncio.sleep(retry.backoff(min(failures, 6)))
+            except BackendError as exc:
+                log.warning("shared TrainJob watch %s stopped: %s", self.key, exc)
+                self._fail_all(exc)
+                return "failed"
+            except Exception as exc:
+                if not retry.is_connection_error(exc) and not isinstance(exc, ValueError):
+                    log.warning("shared TrainJob watch %s stopped: %r", self.key, exc)
+                    self._fail_all(exc)
+                    return "failed"
+                failures += 1
+                self.stats.reconnects += 1
+                log.debug("shared TrainJob watch %s dropped (%r); reconnecting", self.key, exc)
+                await asyncio.sleep(retry.backoff(min(failures, 6)))
 
     async def get(self, name: str) -> dict[str, Any] | None:
         """One GET through the shared client (for a job not seen by the watch yet)."""
-        from kubernetes_asyncio.client import CustomObjectsApi
-
         await self.synced.wait()
+        assert self.api is not None
         self.stats.gets += 1
         try:
-            obj: dict[str, Any] = await retry.acall(
-                CustomObjectsApi(self.api_client).get_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                self.namespace,
-                PLURAL,
-                name,
-            )
-        except Exception as exc:
-            if retry.status_of(exc) == 404:
-                return None
-            raise
-        return obj
+            return await self.api.get_trainjob(self.namespace, name)
+        except TrainJobNotFound:
+            return None
 
 
 class WatchRegistry:
@@ -248,6 +238,13 @@ class WatchRegistry:
     def stats(self, key: WatchKey) -> SharedWatchStats | None:
         """Cumulative counters of the shared watch for one (server, namespace) in this loop."""
         return self.key_stats.get(key)
+
+    def api(self, key: WatchKey) -> AsyncKubeApi | NotConnected:
+        """The shared watch's client, for a subscribed waiter's other reads (same connection pool)."""
+        watch = self.watches.get(key)
+        if watch is None or watch.api is None:
+            return NotConnected()
+        return watch.api
 
     @contextlib.asynccontextmanager
     async def subscribe(
@@ -328,10 +325,7 @@ class WatchRegistry:
                 return None
         box.changed.clear()
         if box.error is not None:
-            exc = box.error
-            if retry.status_of(exc) is not None:
-                raise BackendError(f"TrainJob watch failed: {server_message(exc)}") from exc
-            raise exc
+            raise box.error
         box.consumed = box.version
         return box.obj, box.deleted
 
@@ -352,3 +346,13 @@ def registry() -> WatchRegistry:
 def active_watches() -> int:
     """Shared watches running in the current event loop (benchmarks and tests read this)."""
     return registry().active_watches
+
+
+class NotConnected:
+    """Stands in for the client before the shared watch has one: every read fails (plans are best effort)."""
+
+    def __getattr__(self, name: str) -> Any:
+        async def fail(*args: Any, **kwargs: Any) -> Any:
+            raise BackendError("the shared TrainJob watch has not connected yet")
+
+        return fail

@@ -1,4 +1,7 @@
-"""Sync watch of one TrainJob: list for a resourceVersion, watch by name, re-list on 410 Gone, reconnect on drops."""
+"""Sync watch of one TrainJob: list for a resourceVersion, watch by name, re-list on 410 Gone, reconnect on drops.
+
+The watch only delivers versions; what they mean is decided by the caller's ``feed`` (``observe``).
+"""
 
 from __future__ import annotations
 
@@ -10,15 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trainflow.core.errors import BackendError, TrainJobNotFound
+from trainflow.core.errors import BackendError, TrainJobNotFound, Transient
 from trainflow.core.kube import retry
+from trainflow.core.kube.apierrors import Gone
 from trainflow.core.kube.client import KubeApi, iter_lines
 
 log = logging.getLogger(__name__)
 
-WATCH_WINDOW = (
-    300  # seconds per watch request; the server closes it, we re-open from the last resourceVersion
-)
+WATCH_WINDOW = 300.0  # seconds per watch request; the server closes it, we re-open from the last version
 
 
 @dataclass
@@ -32,16 +34,31 @@ class WatchStats:
     events: int = 0
 
 
-class Gone(Exception):
-    """The resourceVersion is too old (410): list again."""
-
-
-def is_gone(exc: BaseException) -> bool:
-    return retry.status_of(exc) == 410
-
-
 def name_selector(name: str) -> str:
     return f"metadata.name={name}"
+
+
+def parse_event(raw: bytes, where: str) -> tuple[str, dict[str, Any]] | None:
+    """(type, object) of one watch event line (None for a blank line); ERROR events raise Gone or BackendError.
+
+    Both watches read events with this: the sync one of one TrainJob and the shared one of a namespace.
+    """
+    if not raw.strip():
+        return None
+    event = json.loads(raw)
+    kind, item = str(event.get("type")), event.get("object") or {}
+    if kind == "ERROR":
+        if item.get("code") == 410:
+            raise Gone(str(item.get("message")))
+        raise BackendError(f"watch of {where} failed: {item.get('message')}")
+    return kind, item
+
+
+def _events(resp: Any, namespace: str, name: str) -> Any:
+    for raw in iter_lines(resp):
+        event = parse_event(raw, f"TrainJob {namespace}/{name}")
+        if event is not None:
+            yield event
 
 
 def watch_until(
@@ -49,64 +66,60 @@ def watch_until(
     namespace: str,
     name: str,
     *,
-    deadline: float | None,
-    done: Callable[[dict[str, Any]], bool],
-    window: float = WATCH_WINDOW,
+    feed: Callable[[dict[str, Any] | None], bool],
+    window: Callable[[], float],
     resource_version: str | None = None,
     stats: WatchStats | None = None,
-) -> tuple[dict[str, Any] | None, bool]:
-    """Feed every version of the TrainJob to ``done`` until it returns True or the deadline passes.
+) -> None:
+    """Feed every version of the TrainJob to ``feed`` (and None after each quiet window) until it returns True.
 
-    Returns (last object seen, finished). ``done`` is also called with the last object after each quiet
-    watch window, so time-based checks run without events. Raises TrainJobNotFound when the job does not
-    exist or is deleted. ``resource_version`` lets a caller start from a known (possibly stale) version.
+    ``window()`` says how long the next watch request may stay quiet. Raises TrainJobNotFound when the job
+    does not exist or is deleted. ``resource_version`` starts from a known (possibly stale) version. Drops and
+    a server that stays away (``Transient``) are retried with backoff for as long as ``feed`` wants to wait.
     """
     stats = stats or WatchStats()
-    obj: dict[str, Any] | None = None
     rv = resource_version
-    drops = 0
-    gone_streak = 0
+    drops = gone_streak = 0
     while True:
         if rv is None:
             if gone_streak > 1:  # a server that keeps answering 410: do not spin
-                time.sleep(min(retry.backoff(gone_streak), max(0.0, (deadline or math.inf) - time.time())))
-            listed = api.list_trainjobs(namespace, field_selector=name_selector(name))
+                time.sleep(min(retry.backoff(gone_streak), window()))
+            try:
+                listed = api.list_trainjobs(namespace, field_selector=name_selector(name))
+            except Transient as exc:  # the server is away longer than one call's retries: keep waiting
+                drops += 1
+                stats.reconnects += 1
+                log.warning("listing TrainJob %s/%s: %s; trying again", namespace, name, exc)
+                time.sleep(min(retry.backoff(drops), window()))
+                if feed(None):
+                    return
+                continue
             stats.lists += 1
             items = listed.get("items") or []
             if not items:
                 raise TrainJobNotFound(namespace, name)
-            obj = items[0]
             rv = str((listed.get("metadata") or {}).get("resourceVersion") or "")
-            if done(obj):
-                return obj, True
-        remaining = math.inf if deadline is None else deadline - time.time()
-        if remaining <= 0:
-            return obj, False
-        seconds = max(1, math.ceil(min(remaining, window)))
+            if feed(items[0]):
+                return
+        seconds = window()
+        if seconds <= 0:
+            if feed(None):
+                return
+            continue
         try:
-            resp = api.watch_trainjobs(namespace, rv, seconds, field_selector=name_selector(name))
-        except Exception as exc:
-            if is_gone(exc):
-                stats.relists_410 += 1
-                gone_streak += 1
-                rv = None
-                continue
-            raise
+            resp = api.watch_trainjobs(
+                namespace, rv, max(1, math.ceil(seconds)), field_selector=name_selector(name)
+            )
+        except Gone:
+            stats.relists_410 += 1
+            gone_streak += 1
+            rv = None
+            continue
         stats.watches += 1
         try:
-            for raw in iter_lines(resp):
-                if not raw.strip():
-                    continue
-                event = json.loads(raw)
-                kind = event.get("type")
-                item = event.get("object") or {}
-                if kind == "ERROR":
-                    if item.get("code") == 410:
-                        raise Gone()
-                    raise BackendError(f"watch of TrainJob {namespace}/{name} failed: {item.get('message')}")
+            for kind, item in _events(resp, namespace, name):
                 meta = item.get("metadata") or {}
-                if meta.get("resourceVersion"):
-                    rv = str(meta["resourceVersion"])
+                rv = str(meta.get("resourceVersion") or rv)
                 if kind == "BOOKMARK":
                     continue
                 stats.events += 1
@@ -115,9 +128,8 @@ def watch_until(
                     continue
                 if kind == "DELETED":
                     raise TrainJobNotFound(namespace, name)
-                obj = item
-                if done(obj):
-                    return obj, True
+                if feed(item):
+                    return
         except Gone:
             stats.relists_410 += 1
             gone_streak += 1
@@ -130,14 +142,9 @@ def watch_until(
                 raise
             drops += 1
             stats.reconnects += 1
-            if drops > retry.DEFAULT_POLICY.attempts:
-                raise BackendError(f"watch of TrainJob {namespace}/{name} keeps dropping: {exc!r}") from exc
             log.debug("watch of %s/%s dropped (%r); reconnecting from %s", namespace, name, exc, rv)
-            pause = retry.backoff(drops)
-            if deadline is not None:
-                pause = min(pause, max(0.0, deadline - time.time()))
-            time.sleep(pause)
+            time.sleep(min(retry.backoff(drops), window()))
         finally:
             resp.release_conn()
-        if obj is not None and done(obj):
-            return obj, True
+        if feed(None):
+            return

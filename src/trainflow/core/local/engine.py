@@ -1,8 +1,8 @@
 """LocalBackend: the Backend interface over the embedded local engine (no Kubernetes).
 
-Requests go through ``build_trainjob`` exactly as on the cluster; the engine then runs the *manifest*
-(``spec.trainer`` command/args/env/numNodes/numProcPerNode, else the runtime container's command) under
-the runtime's ML policy. ``image`` is ignored locally: the trainer runs with this machine's Python (its
+Requests go through ``lifecycle`` and ``build_trainjob`` exactly as on the cluster; the engine then runs the
+*manifest* (``spec.trainer`` command/args/env/numNodes/numProcPerNode, else the runtime container's command)
+under the runtime's ML policy. ``image`` is ignored locally: the trainer runs with this machine's Python (its
 bin directory first on PATH), so the image's contents must be installed here. Each job gets a detached
 supervisor and a state directory under ``<home>/jobs/<namespace>/<name>/`` that any process can read.
 """
@@ -24,65 +24,25 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from trainflow.core.backend import UpdateCallback, as_ref, resolve_deadline
-from trainflow.core.errors import (
-    Diagnostics,
-    InvalidRequest,
-    TrainJobConflict,
-    TrainJobFailed,
-    TrainJobNotFound,
-    WaitTimeout,
-)
-from trainflow.core.local import policies, store, supervisor
-from trainflow.core.manifest import build_trainjob
-from trainflow.core.naming import ATTEMPT_LABEL, KEY_LABEL, MANAGED_BY_LABEL
+from trainflow.core import lifecycle
+from trainflow.core.errors import AlreadyExists, InvalidRequest, TrainJobFailed, TrainJobNotFound, WaitTimeout
+from trainflow.core.local import diagnose, logs, policies, store
+from trainflow.core.observe import UpdateCallback, Waiter, observe, resolve_deadline
 from trainflow.core.request import TrainJobRequest
-from trainflow.core.result import (
-    OUTPUT_URI_ANNOTATION,
-    JobRef,
-    JobState,
-    TrainJobResult,
-    result_from_trainjob,
-)
+from trainflow.core.result import OUTPUT_URI_ANNOTATION, JobRef, TrainJobResult, result_from_trainjob
 from trainflow.core.runtimes import Runtime, find_runtime, local_catalog
-from trainflow.core.validation import immutable_differences, parse_request
 
 NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 POLL_SECONDS = 0.05
 SPAWN_GRACE_SECONDS = 30.0
 CANCEL_GRACE_SECONDS = 10.0
-LOG_TAIL_LINES = 30
-IDENTITY_KEYS = (MANAGED_BY_LABEL, KEY_LABEL, ATTEMPT_LABEL)
-
-_GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")
-
-
-def _condense(lines: list[str], keep: int) -> list[str]:
-    """A log tail without torchrun's own noise (agent warnings, the launcher's traceback), so the ranks'
-    output and torchrun's failure report both fit."""
-    out: list[str] = []
-    skipping = False
-    for index, line in enumerate(lines):
-        if skipping:
-            if "ChildFailedError" in line and not line.startswith(" "):
-                skipping = False
-            continue
-        launcher_traceback = line.startswith("Traceback (most recent call last):") and any(
-            "torch/distributed/run.py" in later for later in lines[index : index + 8]
-        )
-        if launcher_traceback:
-            skipping = True
-            continue
-        if _GLOG.match(line):
-            continue
-        out.append(line)
-    return out[-keep:]
 
 
 class LocalBackend:
     """Runs TrainJobs on this machine; state lives in files, so any process can get/wait/logs/cancel by name."""
 
     name = "local"
+    is_local = True
 
     def __init__(
         self,
@@ -101,48 +61,20 @@ class LocalBackend:
         self.poll_interval = min(max(poll_interval, 0.01), 0.2)
         self.cancel_grace_seconds = cancel_grace_seconds
 
-    # --- runtimes and rendering -------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return f"LocalBackend(home={str(self.home)!r}, namespace={self.namespace!r})"
 
+    # --- runtimes and paths ---------------------------------------------------------------------------
     def runtimes(self) -> list[Runtime]:
         return list(local_catalog())
 
-    def get_runtime(self, name: str, kind: str = "ClusterTrainingRuntime") -> Runtime:
+    def get_runtime(
+        self, name: str, kind: str = "ClusterTrainingRuntime", namespace: str | None = None
+    ) -> Runtime:
         return find_runtime(local_catalog(), name, kind)
 
-    def _render(
-        self, request: TrainJobRequest | Mapping[str, Any], attempt: int = 1
-    ) -> tuple[dict[str, Any], Runtime]:
-        req = parse_request(request)
-        runtime = self.get_runtime(req.runtime, req.runtime_kind)
-        local_init: dict[str, str] = {}
-        update: dict[str, Any] = {}
-        for key in ("dataset", "model"):
-            uri = getattr(req, f"{key}_uri")
-            if uri and uri.lower().startswith("file://"):
-                if policies.local_path(uri) is None:
-                    raise InvalidRequest.one(
-                        f"{key}_uri", f"{uri!r} is not file:///absolute/path", "use file:///abs/path"
-                    )
-                if getattr(req, f"{key}_secret"):
-                    raise InvalidRequest.one(f"{key}_secret", "is not used for file:// URIs", "remove it")
-                local_init[key] = uri
-                update[f"{key}_uri"] = None
-        if update:
-            req = req.model_copy(update=update)
-        manifest = build_trainjob(req, runtime, namespace=self.namespace, attempt=attempt)
-        if local_init:  # file:// initializers exist only locally; the cluster validation path rejects them
-            init = manifest["spec"].setdefault("initializer", {})
-            for key, uri in local_init.items():
-                init[key] = {"storageUri": uri}
-        return manifest, runtime
-
-    def render(self, request: TrainJobRequest | Mapping[str, Any], *, attempt: int = 1) -> dict[str, Any]:
-        return self._render(request, attempt)[0]
-
-    # --- paths ------------------------------------------------------------------------------------
-
     def _ref(self, ref: JobRef | str) -> JobRef:
-        jref = as_ref(ref, self.namespace)
+        jref = JobRef.parse(ref, self.namespace)
         if not (NAME.match(jref.name) and NAME.match(jref.namespace)):
             raise TrainJobNotFound(jref.namespace, jref.name)
         return jref
@@ -155,29 +87,57 @@ class LocalBackend:
         """The state directory of one job (for tools and tests; its layout is described in ``store``)."""
         return self._job(ref)[1].root
 
-    # --- submit -----------------------------------------------------------------------------------
-
-    def submit(
-        self, request: TrainJobRequest | Mapping[str, Any], *, dry_run: bool = False, attempt: int = 1
-    ) -> JobRef:
-        manifest, runtime = self._render(request, attempt)
-        meta = manifest["metadata"]
-        namespace = meta.get("namespace") or self.namespace
-        meta["namespace"] = namespace
-        jref, job = self._job(JobRef(name=meta["name"], namespace=namespace))
+    # --- launch primitives ----------------------------------------------------------------------------
+    def _plan(self, manifest: dict[str, Any], job: store.JobDir) -> dict[str, Any]:
+        ref = (manifest.get("spec") or {}).get("runtimeRef") or {}
+        runtime = self.get_runtime(str(ref.get("name")), str(ref.get("kind") or "ClusterTrainingRuntime"))
         try:
             cwd: str | None = os.getcwd()  # the trainer runs where the caller is (relative paths work)
         except FileNotFoundError:
             cwd = str(job.root / "workspace")
-        plan = policies.make_plan(manifest, runtime, home=self.home, jobdir=job.root, cwd=cwd)
-        if dry_run:
-            return jref
-        existing = job.read()
-        if existing is not None:
-            return self._adopt(existing, manifest, jref)
+        return policies.make_plan(manifest, runtime, home=self.home, jobdir=job.root, cwd=cwd)
+
+    def dry_run(self, manifest: dict[str, Any]) -> None:
+        """Everything but the start: the launch plan is made (commands resolved, ports, paths), nothing written."""
+        meta = manifest["metadata"]
+        self._plan(
+            manifest,
+            self._job(JobRef(name=meta["name"], namespace=meta.get("namespace") or self.namespace))[1],
+        )
+
+    def find(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        folder = self.home / "jobs" / namespace
+        if not folder.is_dir():
+            return []
+        out = []
+        for entry in sorted(folder.iterdir()):
+            if entry.name.startswith(".") or not entry.is_dir():
+                continue
+            obj = self.read(namespace, entry.name)
+            job_labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+            if obj is not None and all(job_labels.get(k) == v for k, v in labels.items()):
+                out.append(obj)
+        return out
+
+    def read(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            jref, job = self._job(JobRef(name=name, namespace=namespace))
+            return self._read(job, jref)
+        except TrainJobNotFound:
+            return None
+
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Publish the job directory atomically (``AlreadyExists`` when the name is taken), then start it."""
+        manifest = dict(manifest)
+        meta = manifest["metadata"] = dict(manifest["metadata"])
+        meta["namespace"] = meta.get("namespace") or self.namespace
+        jref, job = self._job(JobRef(name=meta["name"], namespace=meta["namespace"]))
+        plan = self._plan(manifest, job)
+        if job.exists():
+            raise AlreadyExists(f"TrainJob {jref} already exists")
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = store.now_iso()
-        meta.setdefault("annotations", {})[OUTPUT_URI_ANNOTATION] = plan["output_uri"]
+        meta["annotations"] = {**(meta.get("annotations") or {}), OUTPUT_URI_ANNOTATION: plan["output_uri"]}
         manifest["status"] = {}
         job.root.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{jref.name}.", dir=job.root.parent))
@@ -186,55 +146,38 @@ class LocalBackend:
             store.write_json(staging / store.PLAN_FILE, plan)
             store.write_json(staging / store.TRAINJOB_FILE, manifest)
             try:
-                os.rename(staging, job.root)  # atomic publish; fails if the name is taken meanwhile
+                os.rename(staging, job.root)  # atomic publish; fails if the name was taken meanwhile
             except OSError:
-                existing = job.read()
-                if existing is None:
-                    raise
-                return self._adopt(existing, manifest, jref)
+                if job.exists():
+                    raise AlreadyExists(f"TrainJob {jref} already exists") from None
+                raise
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
         self._spawn(job)
-        return JobRef(name=jref.name, namespace=namespace, uid=meta["uid"])
+        return manifest
 
-    def _adopt(self, existing: dict[str, Any], wanted: dict[str, Any], jref: JobRef) -> JobRef:
-        old_labels = (existing.get("metadata") or {}).get("labels") or {}
-        new_labels = (wanted.get("metadata") or {}).get("labels") or {}
-        old_id = {k: old_labels.get(k) for k in IDENTITY_KEYS}
-        new_id = {k: new_labels.get(k) for k in IDENTITY_KEYS}
-        if old_id != new_id:
-            raise TrainJobConflict(
-                f"TrainJob {jref} already exists with identity {old_id}, not {new_id}; "
-                "choose another name or idempotency_key, or cancel the existing job"
-            )
-        if not new_labels.get(KEY_LABEL):
-            differences = immutable_differences(existing, wanted)
-            if differences:
-                raise TrainJobConflict(
-                    f"TrainJob {jref} already exists with a different {', '.join(differences)}; "
-                    "choose another name, or cancel the existing job first"
-                )
-        uid = (existing.get("metadata") or {}).get("uid")
-        job = self._job(jref)[1]
-        never_started = (
-            not job.supervisor.exists() and not self._spawn_alive(job) and not job.supervisor_alive()
+    def adopt(self, obj: Mapping[str, Any]) -> None:
+        """Start a job whose creator died between publishing it and starting its supervisor."""
+        meta = obj.get("metadata") or {}
+        _, job = self._job(
+            JobRef(name=str(meta.get("name")), namespace=str(meta.get("namespace") or self.namespace))
         )
-        if never_started and not store.is_terminal(existing) and not job.spawn.exists():
-            self._spawn(job)  # the first submitter died between creating the job and starting it
-        return JobRef(name=jref.name, namespace=jref.namespace, uid=uid)
+        never_started = not job.supervisor.exists() and not job.spawn.exists() and not job.supervisor_alive()
+        if never_started and not store.is_terminal(dict(obj)):
+            self._spawn(job)
+
+    def submit(self, request: TrainJobRequest | Mapping[str, Any], *, dry_run: bool = False) -> JobRef:
+        return lifecycle.launch(self, request, dry_run=dry_run).ref
+
+    def render(self, request: TrainJobRequest | Mapping[str, Any], *, attempt: int = 1) -> dict[str, Any]:
+        return lifecycle.render(self, request, attempt=attempt)
 
     def _spawn(self, job: store.JobDir) -> None:
         env = policies.base_env(dict(os.environ))
         with open(job.log("supervisor"), "ab") as log:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    supervisor.BOOTSTRAP,
-                    str(job.root),
-                    str(Path(store.__file__).parents[1]),
-                ],
+            proc = subprocess.Popen(  # -P: the caller's cwd is not put on the supervisor's sys.path
+                [sys.executable, "-P", "-m", "trainflow.core.local.supervisor", str(job.root)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -245,15 +188,18 @@ class LocalBackend:
         # reap it when it exits (it is our child until we exit), so it never lingers as a zombie
         threading.Thread(target=proc.wait, name=f"trainflow-reap-{proc.pid}", daemon=True).start()
 
-    # --- state ------------------------------------------------------------------------------------
+    # --- state ----------------------------------------------------------------------------------------
+    @staticmethod
+    def _spawn_alive(job: store.JobDir) -> bool:
+        spawn = store.read_json(job.spawn)
+        return isinstance(spawn, dict) and store.pid_alive(int(spawn["pid"]), spawn.get("start_time"))
 
     def _starting(self, job: store.JobDir, obj: dict[str, Any]) -> bool:
         """The supervisor was spawned but has not taken its lock yet."""
         if job.supervisor.exists():
             return False
-        spawn = store.read_json(job.spawn)
-        if isinstance(spawn, dict):
-            return store.pid_alive(int(spawn["pid"]), spawn.get("start_time"))
+        if job.spawn.exists():
+            return self._spawn_alive(job)
         created = result_from_trainjob(obj).created_at
         return created is None or time.time() - created.timestamp() < SPAWN_GRACE_SECONDS
 
@@ -263,8 +209,7 @@ class LocalBackend:
             raise TrainJobNotFound(jref.namespace, jref.name)
         if not store.is_terminal(obj) and not job.supervisor_alive() and not self._starting(job, obj):
             obj = self._mark_lost(job, jref)
-        metrics = job.read_metrics()
-        trainer_status = store.trainer_status(metrics)
+        trainer_status = store.trainer_status(job.read_metrics())
         if trainer_status:
             obj.setdefault("status", {})["trainerStatus"] = trainer_status
         return obj
@@ -275,8 +220,7 @@ class LocalBackend:
             with job.update() as obj:
                 if store.is_terminal(obj) or job.supervisor_alive():
                     return obj  # it finished (or started) between our two looks
-                uid = str(obj["metadata"].get("uid", ""))
-                self._kill_nodes(job, uid)
+                self._kill_nodes(job, str(obj["metadata"].get("uid", "")))
                 tail = " | ".join(store.tail_lines(job.log("supervisor"), 3))
                 message = "the local supervisor process died; its nodes were stopped"
                 if tail:
@@ -289,8 +233,7 @@ class LocalBackend:
             raise TrainJobNotFound(jref.namespace, jref.name) from None
 
     def _kill_nodes(self, job: store.JobDir, uid: str) -> None:
-        nodes = store.read_json(job.nodes) or []
-        for node in nodes:
+        for node in store.read_json(job.nodes) or []:
             pid = int(node.get("pid") or 0)
             if not pid or (store.pid_alive(pid) and not store.pid_alive(pid, node.get("start_time"))):
                 continue  # never recorded, or the pid now belongs to another process
@@ -303,61 +246,34 @@ class LocalBackend:
         jref, job = self._job(ref)
         return result_from_trainjob(self._read(job, jref))
 
-    def diagnostics(self, ref: JobRef | str) -> Diagnostics:
+    def diagnostics(self, ref: JobRef | str) -> Any:
         """Failed nodes (index, exit code, signal, torchrun's failing rank) and the failing node's log tail."""
         jref, job = self._job(ref)
-        obj = self._read(job, jref)
-        diag = Diagnostics()
-        nodes = store.read_json(job.nodes) or []
-        failed = [n for n in nodes if n.get("exit_code") not in (None, 0) and not n.get("stopped")]
-        for node in failed:
-            entry = {
-                k: node[k] for k in ("node", "step", "exit_code", "signal", "pid") if node.get(k) is not None
-            }
-            entry.update(store.torchrun_failure(store.tail_lines(job.log(str(node.get("step"))), 200)))
-            diag.failed_ranks.append(entry)
-        reason = result_from_trainjob(obj).reason or ""
-        if failed:
-            step = str(failed[0].get("step"))
-        elif reason in ("SupervisorLost", "LocalEngineError", "StartError"):
-            step = "supervisor"
-        else:
-            step = (
-                "node-0"
-                if any(n.get("step") == "node-0" for n in nodes)
-                else str(nodes[0].get("step") if nodes else "node-0")
-            )
-        lines = _condense(store.tail_lines(job.log(step), 400), LOG_TAIL_LINES)
-        if lines:
-            diag.log_tail = f"[{step}]\n" + "\n".join(lines)
-        return diag
+        return diagnose.diagnose(job, result_from_trainjob(self._read(job, jref)).reason or "")
 
-    def _finish(self, result: TrainJobResult, raise_on_failure: bool) -> TrainJobResult:
-        if result.state is JobState.FAILED and raise_on_failure:
-            raise TrainJobFailed(result, self.diagnostics(result.ref))
-        return result
-
+    # --- wait -----------------------------------------------------------------------------------------
     def _look(
         self,
-        ref: JobRef | str,
-        end: float | None,
+        ref: JobRef,
+        waiter: Waiter,
         started: float,
-        last: dict[str, Any] | None,
         on_update: UpdateCallback | None,
         raise_on_failure: bool,
-    ) -> tuple[TrainJobResult | None, dict[str, Any], float]:
-        """One look for ``wait``/``wait_async``: (the final result or None, what was seen, seconds to pause)."""
-        result = self.get(ref)  # a few small local file reads: fine on an event loop too
-        snapshot = result.to_dict()
-        if on_update is not None and snapshot != last:
-            on_update(result)
-        if result.state.terminal:
-            return self._finish(result, raise_on_failure), snapshot, 0.0
-        now = time.time()
-        if end is not None and now >= end:
-            raise WaitTimeout(result.namespace, result.name, result.state.value, now - started)
-        pause = min(self.poll_interval, max(end - now, 0.0)) if end is not None else self.poll_interval
-        return None, snapshot, pause
+    ) -> TrainJobResult | None:
+        """One look for ``wait``/``wait_async`` (a few small file reads: fine on an event loop too)."""
+        jref, job = self._job(ref)
+        out = observe(waiter, self._read(job, jref), time.time())
+        if out.changed and on_update is not None and out.result is not None:
+            on_update(out.result)
+        result = out.result
+        assert result is not None
+        if out.done:
+            if result.state.value == "Failed" and raise_on_failure:
+                raise TrainJobFailed(result, diagnose.diagnose(job, result.reason or ""))
+            return result
+        if out.timed_out:
+            raise WaitTimeout(result.namespace, result.name, result.state.value, time.time() - started)
+        return None
 
     def wait(
         self,
@@ -368,13 +284,11 @@ class LocalBackend:
         raise_on_failure: bool = True,
         on_update: UpdateCallback | None = None,
     ) -> TrainJobResult:
-        end, started = resolve_deadline(timeout, deadline), time.time()
-        last: dict[str, Any] | None = None
-        while True:
-            done, last, pause = self._look(ref, end, started, last, on_update, raise_on_failure)
-            if done is not None:
-                return done
-            time.sleep(pause)
+        jref, started = self._ref(ref), time.time()
+        waiter = Waiter(deadline=resolve_deadline(timeout, deadline))
+        while (done := self._look(jref, waiter, started, on_update, raise_on_failure)) is None:
+            time.sleep(waiter.next_check(time.time(), self.poll_interval))
+        return done
 
     async def wait_async(
         self,
@@ -385,32 +299,13 @@ class LocalBackend:
         raise_on_failure: bool = True,
         on_update: UpdateCallback | None = None,
     ) -> TrainJobResult:
-        end, started = resolve_deadline(timeout, deadline), time.time()
-        last: dict[str, Any] | None = None
-        while True:
-            done, last, pause = self._look(ref, end, started, last, on_update, raise_on_failure)
-            if done is not None:
-                return done
-            await asyncio.sleep(pause)
+        jref, started = self._ref(ref), time.time()
+        waiter = Waiter(deadline=resolve_deadline(timeout, deadline))
+        while (done := self._look(jref, waiter, started, on_update, raise_on_failure)) is None:
+            await asyncio.sleep(waiter.next_check(time.time(), self.poll_interval))
+        return done
 
-    # --- logs -------------------------------------------------------------------------------------
-
-    def _log_path(self, job: store.JobDir, jref: JobRef, step: str) -> Path:
-        plan = store.read_json(job.plan)
-        if plan is None:
-            raise TrainJobNotFound(jref.namespace, jref.name)
-        run_step = str(plan.get("step", "node"))
-        nodes = int(plan.get("launched_nodes", 1))
-        steps = [f"node-{i}" for i in range(nodes)] if run_step == "node" else [run_step]
-        steps += [str(i["step"]) for i in plan.get("initializers") or []] + ["supervisor"]
-        if step == "node-0" and run_step != "node":
-            step = run_step  # MPI: rank 0's output is the launcher's
-        if step not in steps:
-            raise InvalidRequest.one(
-                "step", f"{step!r} is not a step of {jref}", f"use one of: {', '.join(steps)}"
-            )
-        return job.log(step)
-
+    # --- logs -----------------------------------------------------------------------------------------
     def logs(
         self,
         ref: JobRef | str,
@@ -420,56 +315,10 @@ class LocalBackend:
         tail_lines: int | None = None,
     ) -> Iterator[str]:
         jref, job = self._job(ref)
-        path = self._log_path(job, jref, step)
-        if not follow:
-            return iter(
-                store.tail_lines(path, tail_lines) if tail_lines is not None else self._all_lines(path)
-            )
-        return self._follow(jref, job, path, tail_lines)
-
-    @staticmethod
-    def _all_lines(path: Path) -> list[str]:
-        try:
-            return path.read_text(encoding="utf-8", errors="replace").splitlines()
-        except FileNotFoundError:
-            return []
-
-    def _follow(self, jref: JobRef, job: store.JobDir, path: Path, tail_lines: int | None) -> Iterator[str]:
-        """Yield lines as they are written until the job is terminal (or deleted) and the log is drained."""
-        fh = None
-        buffer = b""
-        try:
-            while fh is None:
-                try:
-                    fh = open(path, "rb")  # noqa: SIM115 - closed in finally
-                except FileNotFoundError:
-                    if self._done(jref):
-                        return
-                    time.sleep(self.poll_interval)
-            if tail_lines is not None:
-                lines = store.tail_lines(path, tail_lines)
-                fh.seek(0, os.SEEK_END)
-                yield from lines
-            while True:
-                chunk = fh.read(65536)
-                if chunk:
-                    buffer += chunk
-                    *complete, buffer = buffer.split(b"\n")
-                    for line in complete:
-                        yield line.decode("utf-8", errors="replace")
-                    continue
-                if self._done(jref):
-                    rest = fh.read()
-                    buffer += rest
-                    for line in buffer.split(b"\n"):
-                        if line:
-                            yield line.decode("utf-8", errors="replace")
-                    buffer = b""
-                    return
-                time.sleep(self.poll_interval)
-        finally:
-            if fh is not None:
-                fh.close()
+        path = logs.log_path(job, str(jref), step)
+        if follow:
+            return logs.follow(path, tail_lines, lambda: self._done(jref), self.poll_interval)
+        return iter(store.tail_lines(path, tail_lines) if tail_lines is not None else logs.read_all(path))
 
     def _done(self, jref: JobRef) -> bool:
         try:
@@ -477,8 +326,7 @@ class LocalBackend:
         except TrainJobNotFound:
             return True
 
-    # --- control ----------------------------------------------------------------------------------
-
+    # --- control --------------------------------------------------------------------------------------
     def cancel(self, ref: JobRef | str) -> bool:
         """Stop every process of the job (SIGTERM, then SIGKILL after a grace period) and delete it."""
         jref, job = self._job(ref)
@@ -507,32 +355,6 @@ class LocalBackend:
         shutil.rmtree(target, ignore_errors=True)
         return True
 
-    @staticmethod
-    def _spawn_alive(job: store.JobDir) -> bool:
-        spawn = store.read_json(job.spawn)
-        return isinstance(spawn, dict) and store.pid_alive(int(spawn["pid"]), spawn.get("start_time"))
-
-    def list(self, labels: Mapping[str, str] | None = None) -> list[TrainJobResult]:
-        folder = self.home / "jobs" / self.namespace
-        out: list[TrainJobResult] = []
-        if not folder.is_dir():
-            return out
-        for entry in sorted(folder.iterdir()):
-            if entry.name.startswith(".") or not entry.is_dir():
-                continue
-            job = store.JobDir(entry)
-            jref = JobRef(name=entry.name, namespace=self.namespace)
-            try:
-                obj = self._read(job, jref)
-            except TrainJobNotFound:
-                continue
-            job_labels = (obj.get("metadata") or {}).get("labels") or {}
-            if labels and any(job_labels.get(k) != v for k, v in labels.items()):
-                continue
-            out.append(result_from_trainjob(obj))
-        out.sort(key=lambda r: r.created_at.timestamp() if r.created_at else 0.0)
-        return out
-
     def _set_suspend(self, ref: JobRef | str, value: bool) -> TrainJobResult:
         jref, job = self._job(ref)
         try:
@@ -551,5 +373,7 @@ class LocalBackend:
         """Clear spec.suspend: the nodes start again from the beginning, like a resumed JobSet."""
         return self._set_suspend(ref, False)
 
-    def __repr__(self) -> str:
-        return f"LocalBackend(home={str(self.home)!r}, namespace={self.namespace!r})"
+    # last, so that ``list`` in the annotations above is the builtin
+    def list(self, labels: Mapping[str, str] | None = None) -> list[TrainJobResult]:
+        results = [result_from_trainjob(o) for o in self.find(self.namespace, labels or {})]
+        return sorted(results, key=lambda r: r.created_at.timestamp() if r.created_at else 0.0)

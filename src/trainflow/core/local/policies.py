@@ -194,6 +194,14 @@ def make_plan(
             f"{runtime.name!r} uses the {policy} ML policy, which the local engine cannot run",
             "use the kubernetes backend",
         )
+    if (
+        runtime.is_torchtune
+    ):  # the Trainer's TorchTune mode (recipe, config, rendezvous) exists only in a cluster
+        raise InvalidRequest.one(
+            "runtime",
+            f"{runtime.name!r} is a TorchTune runtime: it runs only on a cluster (the Trainer's TorchTune mode)",
+            "use the kubernetes backend",
+        )
     command = list(trainer.get("command") or container.get("command") or [])
     args = list(trainer["args"]) if "args" in trainer else list(container.get("args") or [])
     if not command:

@@ -23,19 +23,6 @@ from trainflow.core.local import policies, store
 
 POLL_SECONDS = 0.02  # node exits are noticed within this; a poll is a few syscalls
 
-# How the engine starts a supervisor: ``python -c BOOTSTRAP <jobdir>``. Same as ``-m`` but without running
-# ``trainflow/core/__init__.py`` (pydantic, the request model: ~0.3-0.7 s), because the supervisor's start-up
-# time adds directly to every job's latency. It only needs store, policies and errors.
-BOOTSTRAP = """# trainflow local supervisor
-import sys, types
-core = sys.argv.pop(2)  # the directory of the trainflow.core package, passed by the engine
-if "trainflow.core" not in sys.modules:
-    pkg = types.ModuleType("trainflow.core")
-    pkg.__path__ = [core]
-    sys.modules["trainflow.core"] = pkg
-from trainflow.core.local.supervisor import main
-sys.exit(main())
-"""
 STOP_GRACE_SECONDS = 5.0
 METRICS_FOLD_SECONDS = 1.0
 

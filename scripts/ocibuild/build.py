@@ -1,0 +1,246 @@
+"""Build images: base layer, one staged venv per family, layers cut by distribution (cached by content)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ocibuild import pyenv
+from ocibuild.debian import Base, build_base
+from ocibuild.layers import LAYER_MEDIA_TYPE, write_tree_layer
+from ocibuild.layout import ImageLayout, Layer, Runtime, write_image
+from ocibuild.recipes import (
+    BASE_ENV,
+    CMD,
+    EXAMPLE_FILES,
+    EXAMPLES_DIR,
+    FAMILIES,
+    IMAGES,
+    REPO,
+    VERSION,
+    WORKDIR,
+    Family,
+    LayerSpec,
+    cuda_dist,
+)
+from ocibuild.store import Blob, BlobStore, canonical_json
+
+# Bump when the layer recipe changes in a way the cache key would not see.
+LAYER_FORMAT = 1
+
+
+def log(message: str) -> None:
+    print(f"[ocibuild] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Context:
+    store: BlobStore
+    cache: Path
+    base: Base
+    constraints: Path
+    wheel: Path
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def created_epoch() -> int:
+    """SOURCE_DATE_EPOCH if set, else the time of the HEAD commit (the reproducible-builds convention)."""
+    return int(os.environ.get("SOURCE_DATE_EPOCH") or _git("log", "-1", "--format=%ct"))
+
+
+def _assign(family: Family, dists: dict[str, pyenv.Dist], deps: set[str]) -> dict[str, set[str]]:
+    """Layer name -> the distributions it holds."""
+    by_role: dict[str, set[str]] = {spec.role: set() for spec in family.layers}
+    for name in dists:
+        if name == "trainflow":
+            role = "trainflow"
+        elif name in deps:
+            role = "deps"
+        elif cuda_dist(name) and "cuda" in by_role:
+            role = "cuda"
+        else:
+            role = "rest"
+        if role not in by_role:
+            raise SystemExit(f"{name} is installed but family {family.name} has no {role!r} layer")
+        by_role[role].add(name)
+    return {spec.name: by_role[spec.role] for spec in family.layers}
+
+
+def _extras(stage: Path, spec: LayerSpec) -> list[str]:
+    """Repository files and directories a layer adds besides distributions (created in the stage)."""
+    if spec.role == "deps":
+        (stage / WORKDIR.lstrip("/")).mkdir(exist_ok=True)
+        return [WORKDIR.lstrip("/")]
+    if spec.role == "examples":
+        dest = stage / EXAMPLES_DIR
+        dest.mkdir(parents=True, exist_ok=True)
+        for rel in EXAMPLE_FILES:
+            shutil.copyfile(REPO / rel, dest / Path(rel).name)
+        return [f"{EXAMPLES_DIR}/{Path(rel).name}" for rel in EXAMPLE_FILES]
+    return []
+
+
+def _file_digest(path: Path) -> str:
+    if path.is_symlink():
+        return "link:" + os.readlink(path)
+    if path.is_dir():
+        return "dir"
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _layer_key(
+    ctx: Context, stage: Path, spec: LayerSpec, dists: Iterable[pyenv.Dist], paths: list[str]
+) -> str:
+    payload = {
+        "format": LAYER_FORMAT,
+        "base": ctx.base.blob.digest,
+        "layer": spec.name,
+        "dists": sorted((d.name, d.version, hashlib.sha256(d.record).hexdigest()) for d in dists),
+        "paths": sorted((p, _file_digest(stage / p)) for p in paths),
+    }
+    return hashlib.sha256(canonical_json(payload)).hexdigest()
+
+
+def _cached(ctx: Context, key: str) -> Blob | None:
+    record = ctx.cache / "layers" / f"{key}.json"
+    if not record.is_file():
+        return None
+    saved = json.loads(record.read_text())
+    blob = Blob(saved["digest"], saved["size"], LAYER_MEDIA_TYPE)
+    return blob if ctx.store.has(blob.digest) else None
+
+
+def _remember(ctx: Context, key: str, blob: Blob) -> None:
+    (ctx.cache / "layers").mkdir(parents=True, exist_ok=True)
+    (ctx.cache / "layers" / f"{key}.json").write_text(json.dumps({"digest": blob.digest, "size": blob.size}))
+
+
+def build_family(ctx: Context, family: Family) -> tuple[dict[str, Layer], dict[str, dict[str, str]]]:
+    """Stage the family's venv on the base; returns its layers (built or cached) and each one's packages."""
+    stage = ctx.cache / "work" / f"{family.name}-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    rootfs = stage / "rootfs"
+    rootfs.mkdir(parents=True)
+    try:
+        started = time.monotonic()
+        subprocess.run(["tar", "-xpf", str(ctx.store.path(ctx.base.blob.digest)), "-C", str(rootfs),
+                        "--numeric-owner"], check=True)  # fmt: skip
+        pyenv.install(rootfs, family.requirements(ctx.wheel), ctx.constraints, ctx.base.python_version)
+        ctx.timings[f"{family.name}: install"] = time.monotonic() - started
+        deps = set(
+            pyenv.resolve(FAMILIES["kfp"].requirements(ctx.wheel), ctx.constraints, ctx.base.python_version)
+        )
+        dists = pyenv.distributions(rootfs)
+        members = _assign(family, dists, deps - {"trainflow"})
+        extras = {spec.name: _extras(rootfs, spec) for spec in family.layers}
+        skeleton = sorted(p for p, o in pyenv.owners(rootfs, dists).items() if o == pyenv.SKELETON)
+        keys: dict[str, str] = {}
+        for spec in family.layers:
+            paths = extras[spec.name] + (skeleton if spec.role == "deps" else [])
+            keys[spec.name] = _layer_key(ctx, rootfs, spec, (dists[n] for n in members[spec.name]), paths)
+        todo = [spec for spec in family.layers if _cached(ctx, keys[spec.name]) is None]
+        started = time.monotonic()
+        sources = [p for spec in todo for n in members[spec.name] for p in dists[n].files]
+        sources += [p for spec in todo for p in extras[spec.name]]
+        if any(spec.role == "deps" for spec in todo):
+            sources += skeleton
+        if sources:
+            pyenv.compile_bytecode(rootfs, sources)
+        ctx.timings[f"{family.name}: byte-compile"] = time.monotonic() - started
+        owned = pyenv.owners(rootfs, dists)
+        layers: dict[str, Layer] = {}
+        for spec in family.layers:
+            blob = _cached(ctx, keys[spec.name])
+            if blob is None:
+                started = time.monotonic()
+                names = members[spec.name] | ({pyenv.SKELETON} if spec.role == "deps" else set())
+                paths = [p for p, owner in owned.items() if owner in names] + _with_pycache(
+                    rootfs, extras[spec.name]
+                )
+                blob = write_tree_layer(ctx.store, rootfs, paths)
+                _remember(ctx, keys[spec.name], blob)
+                ctx.timings[f"{family.name}: layer {spec.name}"] = time.monotonic() - started
+                log(f"layer {spec.name}: built {blob.digest[:19]} ({blob.size / 1e6:.0f} MB)")
+            else:
+                log(f"layer {spec.name}: cached {blob.digest[:19]} ({blob.size / 1e6:.0f} MB)")
+            layers[spec.name] = Layer(blob, blob.digest, spec.comment)
+        packages = {name: {n: dists[n].version for n in sorted(members[name])} for name in members}
+        return layers, packages
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _with_pycache(rootfs: Path, paths: list[str]) -> list[str]:
+    out = list(paths)
+    for rel in paths:
+        cache = (rootfs / rel).parent / "__pycache__"
+        if (rootfs / rel).suffix == ".py" and cache.is_dir():
+            stem = Path(rel).stem + "."
+            out += [str(p.relative_to(rootfs)) for p in sorted(cache.iterdir()) if p.name.startswith(stem)]
+    return out
+
+
+def build(
+    image_ids: list[str], out: Path, cache: Path, wheel: Path, refresh_base: bool = False
+) -> dict[str, Any]:
+    """Build the images into the layout ``out/oci`` and write ``out/images.json``; returns that summary."""
+    started = time.monotonic()
+    store = BlobStore(cache / "blobs")
+    base = build_base(store, cache, refresh_base)
+    ctx = Context(store, cache, base, cache / "constraints.txt", wheel)
+    ctx.timings["base"] = time.monotonic() - started
+    pyenv.locked_constraints(REPO, ctx.constraints)
+    log(f"base: {base.blob.digest[:19]} ({base.blob.size / 1e6:.0f} MB), python {base.python_version}")
+    created = created_epoch()
+    revision = _git("rev-parse", "HEAD")
+    layout = ImageLayout(out / "oci")
+    summary_path = out / "images.json"
+    summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    built: dict[str, tuple[dict[str, Layer], dict[str, dict[str, str]]]] = {}
+    for image_id in image_ids:
+        spec = IMAGES[image_id]
+        if spec.family not in built:
+            built[spec.family] = build_family(ctx, FAMILIES[spec.family])
+        family_layers, packages = built[spec.family]
+        base_layer = Layer(base.blob, base.blob.digest, base.description)
+        layers = [base_layer, *(family_layers[name] for name in spec.layers)]
+        labels = {
+            "org.opencontainers.image.title": spec.title,
+            "org.opencontainers.image.description": spec.description,
+            "org.opencontainers.image.version": VERSION,
+            "org.opencontainers.image.licenses": "Apache-2.0",
+            "org.opencontainers.image.revision": revision,
+        }
+        runtime = Runtime((*BASE_ENV, *spec.env), CMD, WORKDIR, labels)
+        manifest, config = write_image(store, layers, runtime, created)
+        layout.tag(store, manifest, [spec.default_name])
+        summary[image_id] = {
+            "names": [spec.default_name],
+            "manifest": manifest.digest,
+            "config": config.digest,
+            "size": sum(layer.blob.size for layer in layers),
+            "layers": [
+                {"digest": layer.blob.digest, "size": layer.blob.size, "comment": layer.comment}
+                for layer in layers
+            ],
+            "python_packages": dict(sorted(kv for name in spec.layers for kv in packages[name].items())),
+            "debian_packages": base.packages,
+        }
+        log(f"{image_id}: {spec.default_name} {manifest.digest} ({summary[image_id]['size'] / 1e6:.0f} MB)")
+    ctx.timings["total"] = time.monotonic() - started
+    summary["_build"] = {"timings_s": {k: round(v, 1) for k, v in ctx.timings.items()}, "created": created}
+    summary_path.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    return summary

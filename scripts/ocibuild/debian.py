@@ -1,0 +1,126 @@
+"""The base layer: a slim Debian 12 with Python 3.11, made by mmdebstrap and normalized into a layer."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ocibuild.layers import LAYER_MTIME, normalize_tar_layer
+from ocibuild.store import Blob, BlobStore, canonical_json
+
+SUITE = "bookworm"
+SOURCES = (
+    "deb http://deb.debian.org/debian bookworm main",
+    "deb http://deb.debian.org/debian bookworm-updates main",
+    "deb http://deb.debian.org/debian-security bookworm-security main",
+)
+PACKAGES = ("python3.11", "python3", "ca-certificates", "netbase")
+# As debian:bookworm-slim: no man pages, docs (copyright files stay) or translations; unsafe-io for speed.
+DPKG_OPTIONS = (
+    "path-exclude=/usr/share/man/*",
+    "path-exclude=/usr/share/info/*",
+    "path-exclude=/usr/share/doc/*",
+    "path-include=/usr/share/doc/*/copyright",
+    "path-exclude=/usr/share/locale/*",
+    "path-include=/usr/share/locale/locale.alias",
+    "force-unsafe-io",
+)
+# The runtime mounts these; the copies mmdebstrap takes from the build machine must not ship.
+EMPTIED = ("etc/resolv.conf", "etc/hostname")
+
+
+@dataclass(frozen=True)
+class Base:
+    blob: Blob
+    packages: dict[str, str]  # Debian package -> version
+    python_version: str  # e.g. 3.11.2
+
+    @property
+    def description(self) -> str:
+        return f"Debian {SUITE} (mmdebstrap minbase, slim) + {' '.join(PACKAGES)}"
+
+
+def _recipe() -> dict[str, object]:
+    version = subprocess.run(["mmdebstrap", "--version"], capture_output=True, text=True, check=True)
+    return {
+        "suite": SUITE,
+        "sources": SOURCES,
+        "packages": PACKAGES,
+        "dpkg": DPKG_OPTIONS,
+        "epoch": LAYER_MTIME,
+        "mmdebstrap": version.stdout.strip(),
+        "emptied": EMPTIED,
+        "format": 1,
+    }
+
+
+def _rewrite(name: str) -> bytes | bool:
+    if name.startswith("dev/"):  # device nodes: the runtime provides /dev
+        return False
+    if name in EMPTIED:
+        return b""
+    return True
+
+
+def _dpkg_status(layer: Path) -> dict[str, str]:
+    with tarfile.open(layer) as tar:
+        fh = tar.extractfile("var/lib/dpkg/status")
+        assert fh is not None
+        text = fh.read().decode()
+    packages: dict[str, str] = {}
+    for stanza in text.split("\n\n"):
+        fields = dict(
+            line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line[0].isspace()
+        )
+        if "Package" in fields and fields.get("Status", "").endswith(" installed"):
+            packages[fields["Package"]] = fields["Version"]
+    return dict(sorted(packages.items()))
+
+
+def build_base(store: BlobStore, cache: Path, refresh: bool = False) -> Base:
+    """The base layer, from the cache unless ``refresh`` (the mirror moves: refresh to pick up updates)."""
+    recipe = _recipe()
+    key = hashlib.sha256(canonical_json(recipe)).hexdigest()[:16]
+    record = cache / f"base-{key}.json"
+    if record.is_file() and not refresh:
+        saved = json.loads(record.read_text())
+        blob = Blob(saved["digest"], saved["size"], saved["mediaType"])
+        if store.has(blob.digest):
+            return Base(blob, saved["packages"], saved["python_version"])
+    if os.geteuid() != 0:
+        raise SystemExit("building the base needs root (mmdebstrap --mode=root)")
+    cache.mkdir(parents=True, exist_ok=True)
+    raw = cache / f".mmdebstrap-{key}-{os.getpid()}.tar"
+    cmd = [
+        "mmdebstrap", "--variant=minbase", "--mode=root", "--format=tar",
+        "--include=" + ",".join(PACKAGES),
+        *(f"--dpkgopt={opt}" for opt in DPKG_OPTIONS),
+        "--verbose" if os.environ.get("OCIBUILD_VERBOSE") else "--quiet",
+        SUITE, str(raw), *SOURCES,
+    ]  # fmt: skip
+    try:
+        subprocess.run(cmd, check=True, env={**os.environ, "SOURCE_DATE_EPOCH": str(LAYER_MTIME)})
+        blob = normalize_tar_layer(store, raw, _rewrite)
+    finally:
+        raw.unlink(missing_ok=True)
+    packages = _dpkg_status(store.path(blob.digest))
+    python_version = packages["python3.11"].split("-", 1)[0]
+    record.write_text(
+        json.dumps(
+            {
+                "digest": blob.digest,
+                "size": blob.size,
+                "mediaType": blob.media_type,
+                "packages": packages,
+                "python_version": python_version,
+                "recipe": recipe,
+            },
+            indent=1,
+        )
+    )
+    return Base(blob, packages, python_version)

@@ -1,0 +1,285 @@
+"""Launching a TrainJob: one identity rule, one attempt rule and one adoption rule for every backend and adapter.
+
+``launch(backend, request)`` looks at what earlier tries left (one LIST by the identity label), decides, and
+creates at most one TrainJob (one runtime read, one render):
+
+* a TrainJob of this identity still running (or queued) -> reattach to it;
+* one that completed with the same spec -> reuse it: nothing is created, its result stands;
+* otherwise (none, all failed, deleted, or the spec changed) -> create the next attempt: attempt ``n + 1``
+  after the highest attempt seen, attempt 1 when none is left. A fixed ``name`` cannot change per attempt:
+  the old TrainJob of that name is deleted first (only if it is ours).
+
+Identity = the idempotency key (label ``trainflow.dev/key``) or, without one, the fixed name. Names are
+deterministic (``naming.derive_name(key, attempt)``), so a try that crashed after its create reattaches.
+A create that finds the name taken, or loses its answer, adopts what is there only if it is the same
+request (identity labels and the spec fields the Trainer makes immutable); anything else is a conflict.
+Airflow, KFP and the CLI all launch through here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from trainflow.core.errors import AlreadyExists, BackendError, OutcomeUnknown, TrainJobConflict
+from trainflow.core.manifest import build_trainjob
+from trainflow.core.naming import ATTEMPT_LABEL, KEY_LABEL, MANAGED_BY_LABEL, MANAGED_BY_VALUE, key_label
+from trainflow.core.request import TrainJobRequest
+from trainflow.core.result import JobRef, JobState, TrainJobResult, result_from_trainjob
+from trainflow.core.runtimes import Runtime
+from trainflow.core.validation import immutable_differences, parse_request
+
+if TYPE_CHECKING:
+    from trainflow.core.backend import Backend
+
+log = logging.getLogger(__name__)
+
+IDENTITY_LABELS = (MANAGED_BY_LABEL, KEY_LABEL, ATTEMPT_LABEL)
+CREATE_TRIES = 3
+REPLACE_WAIT_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What ``launch`` did: the TrainJob to wait on, its attempt, and whether it already existed."""
+
+    ref: JobRef
+    attempt: int
+    adopted: bool
+    state: JobState | None = None
+    manifest: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    previous: tuple[TrainJobResult, ...] = ()
+    dry_run: bool = False
+    runtime: Runtime | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def reused(self) -> bool:
+        """An earlier attempt already completed: its result stands, nothing was created."""
+        return self.adopted and self.state is JobState.COMPLETE
+
+    def history(self) -> list[str]:
+        """One line per earlier attempt of this identity (for a task or step log)."""
+        return [
+            f"Earlier attempt {r.attempt or 1}: TrainJob {r.namespace}/{r.name} {r.state.value}"
+            + (f" ({r.reason})" if r.reason else "")
+            for r in self.previous
+            if r.name != self.ref.name or self.ref.uid not in (None, r.uid)
+        ]
+
+    @property
+    def summary(self) -> str:
+        """One line for a task or step log, the same from every adapter."""
+        if self.dry_run:
+            return f"Dry run: TrainJob {self.ref} is valid; nothing was created"
+        if self.reused:
+            return f"TrainJob {self.ref} already completed: returning its result without resubmitting"
+        if self.adopted:
+            return f"Reattaching to running TrainJob {self.ref} (attempt {self.attempt})"
+        return f"Submitted TrainJob {self.ref} (attempt {self.attempt})"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of the attempt rule, before any create."""
+
+    kind: str  # "reattach" | "reuse" | "create"
+    attempt: int
+    existing: Mapping[str, Any] | None = None
+    replace: Mapping[str, Any] | None = None  # a fixed-name TrainJob to delete before the create
+
+
+def attempt_of(obj: Mapping[str, Any]) -> int:
+    text = str(((obj.get("metadata") or {}).get("labels") or {}).get(ATTEMPT_LABEL, ""))
+    return int(text) if text.isdigit() else 1
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def label_problems(
+    existing: Mapping[str, Any], wanted: Mapping[str, Any], keys: Sequence[str] = IDENTITY_LABELS
+) -> list[str]:
+    """Identity labels of ``existing`` that differ from ``wanted``'s."""
+    have = (existing.get("metadata") or {}).get("labels") or {}
+    want = (wanted.get("metadata") or {}).get("labels") or {}
+    return [f"label {k}={have.get(k)!r} (wanted {want.get(k)!r})" for k in keys if have.get(k) != want.get(k)]
+
+
+def is_ours(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+    """Why ``existing`` is not the TrainJob ``wanted`` describes ([] when it is): labels, immutable fields."""
+    return label_problems(existing, wanted) + [
+        f"{f} differs" for f in immutable_differences(existing, wanted)
+    ]
+
+
+def decide(candidates: Sequence[Mapping[str, Any]], wanted: Mapping[str, Any], fixed_name: bool) -> Decision:
+    """The attempt rule over the TrainJobs of one identity (pure; see the module docstring)."""
+    live = [c for c in candidates if not (c.get("metadata") or {}).get("deletionTimestamp")]
+    by_attempt = sorted(live, key=attempt_of, reverse=True)
+    for obj in by_attempt:
+        if not result_from_trainjob(obj).state.terminal:
+            return Decision("reattach", attempt_of(obj), existing=obj)
+    for obj in by_attempt:
+        if result_from_trainjob(obj).succeeded and not immutable_differences(obj, wanted):
+            return Decision("reuse", attempt_of(obj), existing=obj)
+    attempt = max((attempt_of(c) for c in candidates), default=0) + 1
+    replace = None
+    if fixed_name:
+        replace = next((c for c in candidates if _name(c) == _name(wanted)), None)
+    return Decision("create", attempt, replace=replace)
+
+
+def render(
+    backend: Backend, request: TrainJobRequest | Mapping[str, Any], *, attempt: int = 1
+) -> dict[str, Any]:
+    """The validated TrainJob manifest the backend would create (one runtime read); creates nothing."""
+    req = parse_request(request)
+    return _build(backend, req, _runtime(backend, req), attempt)
+
+
+def _runtime(backend: Backend, req: TrainJobRequest) -> Runtime:
+    return backend.get_runtime(req.runtime, req.runtime_kind, req.namespace or backend.namespace)
+
+
+def _build(backend: Backend, req: TrainJobRequest, runtime: Runtime, attempt: int) -> dict[str, Any]:
+    return build_trainjob(req, runtime, namespace=backend.namespace, attempt=attempt, local=backend.is_local)
+
+
+def launch(
+    backend: Backend,
+    request: TrainJobRequest | Mapping[str, Any],
+    *,
+    dry_run: bool = False,
+    before_create: Callable[[JobRef], None] | None = None,
+) -> Launch:
+    """Validate the request, then reattach, reuse or create, as the rules above say. See ``Launch``.
+
+    ``dry_run``: validate everything the backend can (a server-side dry-run create on a cluster) and
+    create nothing, anywhere. ``before_create`` learns the name about to be created (so a step being
+    terminated meanwhile can delete it).
+    """
+    req = parse_request(request)
+    runtime = _runtime(backend, req)
+    return replace(_launch(backend, req, runtime, dry_run, before_create), runtime=runtime)
+
+
+def _launch(
+    backend: Backend,
+    req: TrainJobRequest,
+    runtime: Runtime,
+    dry_run: bool,
+    before_create: Callable[[JobRef], None] | None,
+) -> Launch:
+    manifest = _build(backend, req, runtime, 1)
+    namespace = str(manifest["metadata"].get("namespace") or backend.namespace)
+    if dry_run:
+        backend.dry_run(manifest)
+        return Launch(
+            JobRef(name=_name(manifest), namespace=namespace), 1, False, None, manifest, dry_run=True
+        )
+    if not req.idempotency_key and not req.name:
+        return _create(backend, manifest, namespace, 1, (), before_create)
+    candidates = _candidates(backend, req, manifest, namespace)
+    previous = tuple(result_from_trainjob(c) for c in sorted(candidates, key=attempt_of))
+    decision = decide(candidates, manifest, fixed_name=bool(req.name))
+    if decision.existing is not None:
+        obj = decision.existing
+        if decision.kind == "reattach" and (problems := immutable_differences(obj, manifest)):
+            raise TrainJobConflict(
+                f"TrainJob {namespace}/{_name(obj)} of this request is still running with a different "
+                f"{', '.join(problems)}; wait for it or cancel it, then retry"
+            )
+        backend.adopt(obj)
+        state = result_from_trainjob(obj).state
+        return Launch(_ref(obj, namespace), decision.attempt, True, state, dict(obj), previous)
+    if decision.replace is not None:
+        _replace(backend, decision.replace, namespace)
+    if decision.attempt != 1:
+        manifest = _build(backend, req, runtime, decision.attempt)
+    return _create(backend, manifest, namespace, decision.attempt, previous, before_create)
+
+
+def _ref(obj: Mapping[str, Any], namespace: str) -> JobRef:
+    meta = obj.get("metadata") or {}
+    return JobRef(
+        name=str(meta.get("name")), namespace=str(meta.get("namespace") or namespace), uid=meta.get("uid")
+    )
+
+
+def _candidates(
+    backend: Backend, req: TrainJobRequest, manifest: Mapping[str, Any], namespace: str
+) -> list[Mapping[str, Any]]:
+    """The TrainJobs of this request's identity: by the key label, and the fixed name (only if it is ours)."""
+    found: dict[str, Mapping[str, Any]] = {}
+    if req.idempotency_key:
+        labels = {KEY_LABEL: key_label(req.idempotency_key), MANAGED_BY_LABEL: MANAGED_BY_VALUE}
+        found = {_name(o): o for o in backend.find(namespace, labels)}
+    if req.name and req.name not in found:
+        existing = backend.read(namespace, req.name)
+        if existing is not None:
+            problems = label_problems(existing, manifest, (MANAGED_BY_LABEL, KEY_LABEL))
+            if problems:
+                raise TrainJobConflict(
+                    f"TrainJob {namespace}/{req.name} already exists and is not this request's "
+                    f"({'; '.join(problems)}); use another name, or delete it"
+                )
+            found[req.name] = existing
+    return list(found.values())
+
+
+def _replace(backend: Backend, obj: Mapping[str, Any], namespace: str) -> None:
+    """Delete an earlier attempt that holds a fixed name, and wait until the name is free."""
+    name = _name(obj)
+    log.info("TrainJob %s/%s (attempt %s) makes way for the next attempt", namespace, name, attempt_of(obj))
+    backend.cancel(JobRef(name=name, namespace=namespace))
+    end = time.monotonic() + REPLACE_WAIT_SECONDS
+    while backend.read(namespace, name) is not None:
+        if time.monotonic() > end:
+            raise TrainJobConflict(
+                f"TrainJob {namespace}/{name} is still being deleted; retry once it is gone"
+            )
+        time.sleep(0.5)
+
+
+def _create(
+    backend: Backend,
+    manifest: dict[str, Any],
+    namespace: str,
+    attempt: int,
+    previous: tuple[TrainJobResult, ...],
+    before_create: Callable[[JobRef], None] | None,
+) -> Launch:
+    """Create once; after AlreadyExists or a lost answer, adopt what is there only if it is this request."""
+    name = _name(manifest)
+    if before_create is not None:
+        before_create(JobRef(name=name, namespace=namespace))
+    for _ in range(CREATE_TRIES):
+        try:
+            obj = backend.create(manifest)
+            return Launch(_ref(obj, namespace), attempt, False, JobState.CREATED, manifest, previous)
+        except (AlreadyExists, OutcomeUnknown) as exc:
+            log.info("create of TrainJob %s/%s: %s; looking at what exists", namespace, name, exc)
+            existing = backend.read(namespace, name)
+        if existing is None:
+            continue  # deleted meanwhile, or the lost create never happened: create again
+        meta = existing.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            raise TrainJobConflict(
+                f"TrainJob {namespace}/{name} exists but is being deleted; retry once it is gone"
+            )
+        problems = is_ours(existing, manifest)
+        if problems:
+            raise TrainJobConflict(
+                f"TrainJob {namespace}/{name} already exists and is not this request's ({'; '.join(problems)}); "
+                "use another name or idempotency_key, or delete the existing TrainJob"
+            )
+        backend.adopt(existing)
+        state = result_from_trainjob(existing).state
+        return Launch(_ref(existing, namespace), attempt, True, state, dict(existing), previous)
+    raise BackendError(
+        f"could not create TrainJob {namespace}/{name}: the name was taken and freed {CREATE_TRIES} times"
+    )

@@ -1,0 +1,73 @@
+"""Log files of a local job: which file holds a step's log, and following it while the job runs."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from trainflow.core.errors import InvalidRequest, TrainJobNotFound
+from trainflow.core.local import store
+
+
+def log_path(job: store.JobDir, ref: str, step: str) -> Path:
+    """The log file of ``step`` (``node-N``, an initializer, ``supervisor``); MPI rank 0 is the launcher."""
+    plan = store.read_json(job.plan)
+    if plan is None:
+        namespace, _, name = ref.partition("/")
+        raise TrainJobNotFound(namespace, name)
+    run_step = str(plan.get("step", "node"))
+    nodes = int(plan.get("launched_nodes", 1))
+    steps = [f"node-{i}" for i in range(nodes)] if run_step == "node" else [run_step]
+    steps += [str(i["step"]) for i in plan.get("initializers") or []] + ["supervisor"]
+    if step == "node-0" and run_step != "node":
+        step = run_step
+    if step not in steps:
+        raise InvalidRequest.one(
+            "step", f"{step!r} is not a step of {ref}", f"use one of: {', '.join(steps)}"
+        )
+    return job.log(step)
+
+
+def read_all(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def follow(path: Path, tail: int | None, done: Callable[[], bool], poll: float) -> Iterator[str]:
+    """Yield lines as they are written until ``done()`` (the job ended or is gone) and the log is drained."""
+    fh = None
+    buffer = b""
+    try:
+        while fh is None:
+            try:
+                fh = open(path, "rb")  # noqa: SIM115 - closed in finally
+            except FileNotFoundError:
+                if done():
+                    return
+                time.sleep(poll)
+        if tail is not None:
+            lines = store.tail_lines(path, tail)
+            fh.seek(0, os.SEEK_END)
+            yield from lines
+        while True:
+            chunk = fh.read(65536)
+            if chunk:
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                for line in complete:
+                    yield line.decode("utf-8", errors="replace")
+                continue
+            if done():
+                buffer += fh.read()
+                for line in buffer.split(b"\n"):
+                    if line:
+                        yield line.decode("utf-8", errors="replace")
+                return
+            time.sleep(poll)
+    finally:
+        if fh is not None:
+            fh.close()

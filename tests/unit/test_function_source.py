@@ -1,0 +1,127 @@
+"""Issue 11.3: a function trainer ships the user's own source text, decorators removed, never ast.unparse.
+
+The cross-interpreter half (a Python >= 3.12 client, the runtime images' Python 3.10) is in
+tests/integration/test_function_cross_python.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from trainflow.core import InvalidRequest, build_trainjob, local_catalog
+from trainflow.core.function_trainer import function_code, function_command, function_source
+from trainflow.core.runtimes import find_runtime
+
+FUNCTIONS = Path(__file__).resolve().parents[1] / "data" / "functions" / "user_functions.py"
+
+
+def user_module() -> ModuleType:
+    """The functions' module, imported from its file (inspect reads the source from there)."""
+    if str(FUNCTIONS.parent) not in sys.path:
+        sys.path.insert(0, str(FUNCTIONS.parent))
+    return importlib.import_module(FUNCTIONS.stem)
+
+
+def _user_text(first: str, last: str) -> str:
+    lines = FUNCTIONS.read_text().splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith(first))
+    end = next(i for i, line in enumerate(lines) if i > start and line.startswith(last))
+    return "".join(lines[start : end + 1])
+
+
+def test_shipped_source_is_the_users_text_without_decorators() -> None:
+    source, name = function_source(user_module().train)
+    assert name == "train"
+    assert source == _user_text("def train(", "    return {")
+    assert "# the user's comment stays" in source  # ast.unparse dropped comments
+    assert "f'{cfg[\"name\"]!r:>12}'" in source  # quotes kept as written
+    assert "@traced" not in source and "owner=" not in source
+
+
+def test_shipped_code_runs_with_annotations_naming_the_callers_imports(tmp_path: Path) -> None:
+    """``Mapping`` exists only under TYPE_CHECKING in the user's module; the trainer must not evaluate it."""
+    code = function_code(user_module().train)
+    assert code.startswith("from __future__ import annotations\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps({"cfg": {"name": "llama"}, "steps": 3})],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["trained", "llama", "'llama'", "3"]
+
+
+def test_async_function_is_run_with_asyncio(tmp_path: Path) -> None:
+    code = function_code(user_module().train_async)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, '{"lr": 0.5}'], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "lr=0.5"
+
+
+def test_lambdas_and_nested_functions_are_refused_naming_the_field() -> None:
+    def nested() -> None:
+        pass
+
+    for fn in (lambda: None, nested):
+        with pytest.raises(InvalidRequest) as err:
+            function_source(fn)
+        assert err.value.fields == ["function"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "head"),
+    [
+        ("torch", ["torchrun", "--no-python", "python3", "-c"]),
+        ("mpi", ["mpirun", "--hostfile", "/etc/mpi/hostfile", "python3", "-c"]),
+        (None, ["python3", "-c"]),
+    ],
+)
+def test_launcher_per_policy_and_kwargs_as_one_json_argument(policy: str | None, head: list[str]) -> None:
+    argv = function_command("pkg.mod:train", {"b": [1, 2], "a": "x"}, policy)
+    assert argv[: len(head)] == head
+    assert argv[-1] == '{"a":"x","b":[1,2]}'
+
+
+def test_packages_install_before_the_launcher_and_inside_mpirun() -> None:
+    torch = function_command(
+        "pkg.mod:train", {}, "torch", ["transformers==4.57.1"], ["https://i.example/simple"]
+    )
+    assert torch[:2] == ["python3", "-c"] and torch[4:6] == ["torchrun", "--no-python"]
+    assert json.loads(torch[3]) == {
+        "packages": ["transformers==4.57.1"],
+        "index_urls": ["https://i.example/simple"],
+    }
+    mpi = function_command("pkg.mod:train", {}, "mpi", ["datasets"])
+    assert mpi[:5] == ["mpirun", "--hostfile", "/etc/mpi/hostfile", "python3", "-c"]
+    assert json.loads(mpi[6]) == {"packages": ["datasets"], "index_urls": []}
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"packages_to_install": ["x"], "function": None, "command": ["python3"]}, "packages_to_install"),
+        ({"pip_index_urls": ["https://pypi.org/simple"]}, "pip_index_urls"),
+        ({"packages_to_install": ["--index-url=https://evil/simple"]}, "packages_to_install[0]"),
+        ({"packages_to_install": ["x"], "pip_index_urls": ["https://u:p@idx/simple"]}, "pip_index_urls[0]"),
+        ({"packages_to_install": ["x"], "pip_index_urls": ["idx/simple"]}, "pip_index_urls[0]"),
+    ],
+)
+def test_bad_package_settings_name_the_field(extra: dict, field: str) -> None:
+    req = {"name": "f", "function": "pkg.mod:train", **extra}
+    if req["function"] is None:
+        del req["function"]
+    with pytest.raises(InvalidRequest) as err:
+        build_trainjob(req, find_runtime(local_catalog(), "torch-distributed"))
+    assert err.value.fields == [field]
+    assert "u:p" not in str(err.value)

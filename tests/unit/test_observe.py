@@ -1,0 +1,210 @@
+"""One table of TrainJob status sequences, run through every waiter: the pure state machine, the sync watch, the
+shared async watch (both over HTTP to the loopback fake API server) and the local engine's polling.
+
+Each row is what a waiter sees (statuses in the Trainer's shape, in order) and what it must report: the states
+passed to ``on_update`` and how the wait ends. The drivers differ only in how versions reach ``observe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import importlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_apiserver import FakeApiServer, kubeconfig
+
+from trainflow.core.errors import TrainJobFailed, WaitTimeout
+from trainflow.core.kube.backend import KubernetesBackend
+from trainflow.core.local import store
+from trainflow.core.local.engine import LocalBackend
+from trainflow.core.observe import Waiter, observe
+from trainflow.core.result import JobState
+
+T0 = "2026-11-29T10:00:00Z"
+CREATED: dict[str, Any] = {}
+RUNNING = {"jobsStatus": [{"name": "node", "active": 2, "ready": 2}]}
+ZEROS = {"jobsStatus": [{"name": "node", "active": 0, "ready": 0, "succeeded": 0}]}  # Trainer v2.3 transient
+SUSPENDED = {
+    "conditions": [{"type": "Suspended", "status": "True", "reason": "Suspended", "lastTransitionTime": T0}]
+}
+
+
+def cond(kind: str, reason: str) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": "True",
+        "reason": reason,
+        "message": f"{kind} {reason}",
+        "lastTransitionTime": T0,
+    }
+
+
+def progress(pct: int, **metrics: str) -> dict[str, Any]:
+    trainer = {"progressPercentage": pct, "metrics": [{"name": k, "value": v} for k, v in metrics.items()]}
+    return {**RUNNING, "trainerStatus": trainer}
+
+
+COMPLETE = {
+    "conditions": [cond("Complete", "AllJobsCompleted")],
+    "trainerStatus": {"metrics": [{"name": "loss", "value": "0.1"}]},
+}
+FAILED = {"conditions": [cond("Failed", "FailedJobs")]}
+
+# (row id, statuses in order, states reported to on_update, ending: "Complete" | "Failed" | "timeout")
+TABLE = [
+    (
+        "created-running-complete",
+        [CREATED, RUNNING, COMPLETE],
+        ["Created", "Running", "Complete"],
+        "Complete",
+    ),
+    ("no-step-back-to-created", [RUNNING, ZEROS, FAILED], ["Running", "Failed"], "Failed"),
+    ("queued-then-runs", [SUSPENDED, RUNNING, COMPLETE], ["Queued", "Running", "Complete"], "Complete"),
+    (
+        "progress-is-news",
+        [RUNNING, progress(10), progress(50, loss="0.5"), COMPLETE],
+        ["Running", "Running", "Running", "Complete"],
+        "Complete",
+    ),
+    ("same-status-is-not-news", [RUNNING, RUNNING, COMPLETE], ["Running", "Complete"], "Complete"),
+    ("deadline", [CREATED, RUNNING], ["Created", "Running"], "timeout"),
+]
+IDS = [row[0] for row in TABLE]
+DEADLINE = 4.0  # for the "deadline" row: the statuses stop, the wait must end on its own
+
+
+def expect(reported: list[JobState], ending: Any, row: tuple[Any, ...]) -> None:
+    _, _, states, end = row
+    assert [s.value for s in reported] == states
+    if end == "timeout":
+        assert isinstance(ending, WaitTimeout), ending
+    elif end == "Failed":
+        assert isinstance(ending, TrainJobFailed) and ending.result.reason == "FailedJobs", ending
+    else:
+        assert ending.state.value == end and ending.metrics == {"loss": 0.1}, ending
+
+
+def obj(status: dict[str, Any]) -> dict[str, Any]:
+    meta = {"name": "job", "namespace": "ns", "uid": "u", "creationTimestamp": T0}
+    return {"metadata": meta, "spec": {"runtimeRef": {"name": "torch-distributed"}}, "status": status}
+
+
+@pytest.mark.parametrize("row", TABLE, ids=IDS)
+def test_pure_state_machine(row: tuple[Any, ...]) -> None:
+    waiter = Waiter(deadline=time.time() + 3600)
+    reported: list[JobState] = []
+    ending: Any = None
+    for status in row[1]:
+        out = observe(waiter, obj(status), time.time())
+        if out.changed and out.result is not None:
+            reported.append(out.result.state)
+        if out.done:
+            ending = out.result if out.result and out.result.succeeded else TrainJobFailed(out.result)
+    if ending is None:
+        waiter.deadline = time.time() - 1
+        assert observe(waiter, None, time.time()).timed_out
+        ending = WaitTimeout("ns", "job", "Running", 1)
+    expect(reported, ending, row)
+
+
+def feed_slowly(
+    statuses: list[dict[str, Any]], write: Callable[[dict[str, Any]], None], pause: float
+) -> threading.Thread:
+    """The rest of a row, one status per ``pause`` (the first is written before the wait starts)."""
+
+    def run() -> None:
+        for status in statuses:
+            time.sleep(pause)
+            write(status)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def fake() -> Any:
+    server = FakeApiServer()
+    server.add("job")
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("row", TABLE, ids=IDS)
+def test_sync_watch(fake: FakeApiServer, row: tuple[Any, ...]) -> None:
+    backend = KubernetesBackend(config_dict=kubeconfig(fake.url))
+    backend.get("job")  # the client library loads on first use: not inside the measured deadline
+    reported: list[JobState] = []
+    fake.set_status("job", row[1][0])
+    feed_slowly(row[1][1:], lambda s: fake.set_status("job", s), 0.3)
+    try:
+        ending: Any = backend.wait("job", timeout=DEADLINE, on_update=lambda r: reported.append(r.state))
+    except (TrainJobFailed, WaitTimeout) as exc:
+        ending = exc
+    expect(reported, ending, row)
+
+
+@pytest.mark.parametrize("row", TABLE, ids=IDS)
+def test_shared_async_watch(fake: FakeApiServer, row: tuple[Any, ...]) -> None:
+    backend = KubernetesBackend(config_dict=kubeconfig(fake.url))
+    reported: list[JobState] = []
+
+    async def wait() -> Any:
+        await asyncio.to_thread(
+            importlib.import_module, "kubernetes_asyncio.client"
+        )  # loads once per process
+        waiting = asyncio.ensure_future(
+            backend.wait_async("job", timeout=DEADLINE, on_update=lambda r: reported.append(r.state))
+        )
+        for _ in range(300):  # the shared watch is open: every later status is an event, not a re-list
+            if fake.open_watches:
+                break
+            await asyncio.sleep(0.05)
+        feed_slowly(row[1][1:], lambda s: fake.set_status("job", s), 0.3)
+        try:
+            return await waiting
+        except (TrainJobFailed, WaitTimeout) as exc:
+            return exc
+
+    fake.set_status("job", row[1][0])
+    expect(reported, asyncio.run(wait()), row)
+
+
+def test_local_engine(tmp_path: Path) -> None:
+    """The local engine reads the same shapes from its job directory (supervisor lock held by this test)."""
+    for row in TABLE:
+        backend = LocalBackend(home=tmp_path, namespace="ns", poll_interval=0.01)
+        job = store.JobDir(tmp_path / "jobs" / "ns" / row[0])
+        (job.root / store.LOGS_DIR).mkdir(parents=True)
+        store.write_json(job.plan, {"step": "node", "launched_nodes": 1})
+        manifest = obj(CREATED)
+        manifest["metadata"].update(name=row[0], creationTimestamp=store.now_iso())
+        store.write_json(job.trainjob, manifest)
+        fd = os.open(job.supervisor_lock, os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # what a live supervisor holds
+        reported: list[JobState] = []
+
+        def write(status: dict[str, Any], job: store.JobDir = job) -> None:
+            with job.update() as current:
+                current["status"] = json.loads(json.dumps(status))
+
+        try:
+            write(row[1][0])
+            feed_slowly(row[1][1:], write, 0.3)
+            try:
+                ending: Any = backend.wait(
+                    row[0], timeout=DEADLINE, on_update=lambda r, seen=reported: seen.append(r.state)
+                )
+            except (TrainJobFailed, WaitTimeout) as exc:
+                ending = exc
+        finally:
+            os.close(fd)
+        expect(reported, ending, row)
