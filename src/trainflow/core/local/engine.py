@@ -10,6 +10,7 @@ supervisor and a state directory under ``<home>/jobs/<namespace>/<name>/`` that 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import shutil
@@ -25,8 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from trainflow.core import lifecycle
-from trainflow.core.errors import AlreadyExists, InvalidRequest, TrainJobFailed, TrainJobNotFound, WaitTimeout
-from trainflow.core.local import diagnose, logs, policies, store
+from trainflow.core.errors import (
+    AlreadyExists,
+    InvalidRequest,
+    PermissionDenied,
+    TrainJobFailed,
+    TrainJobNotFound,
+    WaitTimeout,
+)
+from trainflow.core.local import diagnose, logs, policies, store, trust
 from trainflow.core.observe import UpdateCallback, Waiter, observe, resolve_deadline
 from trainflow.core.request import TrainJobRequest
 from trainflow.core.result import OUTPUT_URI_ANNOTATION, JobRef, TrainJobResult, result_from_trainjob
@@ -36,6 +44,7 @@ NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 POLL_SECONDS = 0.05
 SPAWN_GRACE_SECONDS = 30.0
 CANCEL_GRACE_SECONDS = 10.0
+log = logging.getLogger(__name__)
 
 
 class LocalBackend:
@@ -113,7 +122,11 @@ class LocalBackend:
         for entry in sorted(folder.iterdir()):
             if entry.name.startswith(".") or not entry.is_dir():
                 continue
-            obj = self.read(namespace, entry.name)
+            try:
+                obj = self.read(namespace, entry.name)
+            except PermissionDenied as exc:
+                log.warning("skipping %s/%s: %s", namespace, entry.name, exc)
+                continue
             job_labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
             if obj is not None and all(job_labels.get(k) == v for k, v in labels.items()):
                 out.append(obj)
@@ -133,13 +146,13 @@ class LocalBackend:
         meta["namespace"] = meta.get("namespace") or self.namespace
         jref, job = self._job(JobRef(name=meta["name"], namespace=meta["namespace"]))
         plan = self._plan(manifest, job)
-        if job.exists():
+        trust.jobs_dir(self.home, jref.namespace)  # private (0700) before anything in it is trusted
+        if trust.check_job(job.root) and job.exists():
             raise AlreadyExists(f"TrainJob {jref} already exists")
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = store.now_iso()
         meta["annotations"] = {**(meta.get("annotations") or {}), OUTPUT_URI_ANNOTATION: plan["output_uri"]}
         manifest["status"] = {}
-        job.root.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{jref.name}.", dir=job.root.parent))
         try:
             (staging / store.LOGS_DIR).mkdir()
@@ -163,6 +176,7 @@ class LocalBackend:
         _, job = self._job(
             JobRef(name=str(meta.get("name")), namespace=str(meta.get("namespace") or self.namespace))
         )
+        trust.check_job(job.root)
         never_started = not job.supervisor.exists() and not job.spawn.exists() and not job.supervisor_alive()
         if never_started and not store.is_terminal(dict(obj)):
             self._spawn(job)
@@ -204,6 +218,7 @@ class LocalBackend:
         return created is None or time.time() - created.timestamp() < SPAWN_GRACE_SECONDS
 
     def _read(self, job: store.JobDir, jref: JobRef) -> dict[str, Any]:
+        trust.check_job(job.root)
         obj = job.read()
         if obj is None:
             raise TrainJobNotFound(jref.namespace, jref.name)
@@ -330,6 +345,7 @@ class LocalBackend:
     def cancel(self, ref: JobRef | str) -> bool:
         """Stop every process of the job (SIGTERM, then SIGKILL after a grace period) and delete it."""
         jref, job = self._job(ref)
+        trust.check_job(job.root)  # never signal pids a planted nodes.json names
         try:
             with job.update() as obj:
                 obj["metadata"].setdefault("deletionTimestamp", store.now_iso())
@@ -345,8 +361,7 @@ class LocalBackend:
         if isinstance(sup, dict) and store.pid_alive(int(sup["pid"]), sup.get("start_time")):
             store.signal_pid(int(sup["pid"]), signal.SIGKILL)
         self._kill_nodes(job, uid)
-        trash = self.home / "jobs" / ".trash"
-        trash.mkdir(parents=True, exist_ok=True)
+        trash = trust.jobs_dir(self.home, ".trash")
         target = trash / f"{jref.namespace}.{jref.name}.{uuid.uuid4().hex[:8]}"
         try:
             os.rename(job.root, target)

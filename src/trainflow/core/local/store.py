@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from trainflow.core.local import trust
+
 TRAINJOB_FILE = "trainjob.json"
 PLAN_FILE = "plan.json"
 NODES_FILE = "nodes.json"
@@ -66,12 +68,11 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
-    """The parsed file, or None when it does not exist (or vanished with a deleted job)."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+    """The parsed file, or None when it does not exist (or vanished with a deleted job).
+
+    Never through a symbolic link, and only a file of this user (``trust.read_json``).
+    """
+    return trust.read_json(path)
 
 
 @contextlib.contextmanager

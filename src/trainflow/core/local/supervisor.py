@@ -17,9 +17,11 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import Any
 
+from trainflow.core.errors import PermissionDenied
 from trainflow.core.local import policies, store
+from trainflow.core.local.nodes import Node
 
 POLL_SECONDS = 0.02  # node exits are noticed within this; a poll is a few syscalls
 
@@ -41,44 +43,6 @@ class SecretMissing(StartError):
     """A secret file the plan refers to is gone (deleted after submit): named, never blamed on the command."""
 
     reason = "SecretNotFound"
-
-
-class Node:
-    """One local node: a process running the trainer command, its log, its exit."""
-
-    def __init__(self, index: int, step: str, proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
-        self.index = index
-        self.step = step
-        self.proc = proc
-        self.log = log
-        self.start_time = store.proc_start_time(proc.pid)
-        self.exit_code: int | None = None
-        self.signal: int | None = None
-        self.stopped = False  # stopped by the engine (cancel, fail-fast, deadline), not failed by itself
-
-    def poll(self) -> int | None:
-        if self.exit_code is None:
-            code = self.proc.poll()
-            if code is not None:
-                self.signal = -code if code < 0 else None
-                self.exit_code = 128 + self.signal if self.signal else code
-                self.log.close()
-        return self.exit_code
-
-    def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "node": self.index,
-            "step": f"{self.step}-{self.index}" if self.step == "node" else self.step,
-            "pid": self.proc.pid,
-            "pgid": self.proc.pid,
-            "start_time": self.start_time,
-            "exit_code": self.exit_code,
-        }
-        if self.signal:
-            out["signal"] = signal.Signals(self.signal).name
-        if self.stopped:
-            out["stopped"] = True
-        return out
 
 
 class Supervisor:
@@ -389,7 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m trainflow.core.local.supervisor <jobdir>", file=sys.stderr)
         return 2
-    return Supervisor(Path(args[0])).run()
+    try:
+        return Supervisor(Path(args[0])).run()
+    except PermissionDenied as exc:  # a planted or linked job directory: refuse it, run nothing
+        print(f"{store.now_iso()} refused: {exc}", flush=True)
+        return 2
 
 
 if __name__ == "__main__":
