@@ -111,6 +111,10 @@ class PermissionDenied(BackendError):
     """The identity in use may not do this; the message names the verb and resource to grant."""
 
 
+class CorruptState(BackendError):
+    """A local job's state file is unreadable (truncated, not JSON, wrong shape); cancelling removes the job."""
+
+
 class AlreadyExists(BackendError):
     """A create found the name taken (HTTP 409): the caller looks at what exists before doing anything."""
 

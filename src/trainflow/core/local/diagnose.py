@@ -38,7 +38,7 @@ def condense(lines: list[str], keep: int) -> list[str]:
 def diagnose(job: store.JobDir, reason: str) -> Diagnostics:
     """Diagnostics of one local job from its nodes file and logs; ``reason`` is the Failed condition's."""
     diag = Diagnostics()
-    nodes: list[dict[str, Any]] = store.read_json(job.nodes) or []
+    nodes: list[dict[str, Any]] = store.read_aux(job.nodes) or []
     failed = [n for n in nodes if n.get("exit_code") not in (None, 0) and not n.get("stopped")]
     for node in failed:
         entry = {

@@ -28,6 +28,7 @@ from typing import Any
 from trainflow.core import lifecycle
 from trainflow.core.errors import (
     AlreadyExists,
+    CorruptState,
     InvalidRequest,
     PermissionDenied,
     TrainJobFailed,
@@ -124,7 +125,7 @@ class LocalBackend:
                 continue
             try:
                 obj = self.read(namespace, entry.name)
-            except PermissionDenied as exc:
+            except (PermissionDenied, CorruptState) as exc:
                 log.warning("skipping %s/%s: %s", namespace, entry.name, exc)
                 continue
             job_labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
@@ -205,7 +206,7 @@ class LocalBackend:
     # --- state ----------------------------------------------------------------------------------------
     @staticmethod
     def _spawn_alive(job: store.JobDir) -> bool:
-        spawn = store.read_json(job.spawn)
+        spawn = store.read_aux(job.spawn)
         return isinstance(spawn, dict) and store.pid_alive(int(spawn["pid"]), spawn.get("start_time"))
 
     def _starting(self, job: store.JobDir, obj: dict[str, Any]) -> bool:
@@ -248,7 +249,7 @@ class LocalBackend:
             raise TrainJobNotFound(jref.namespace, jref.name) from None
 
     def _kill_nodes(self, job: store.JobDir, uid: str) -> None:
-        for node in store.read_json(job.nodes) or []:
+        for node in store.read_aux(job.nodes) or []:
             pid = int(node.get("pid") or 0)
             if not pid or (store.pid_alive(pid) and not store.pid_alive(pid, node.get("start_time"))):
                 continue  # never recorded, or the pid now belongs to another process
@@ -352,7 +353,9 @@ class LocalBackend:
                 uid = str(obj["metadata"].get("uid", ""))
         except FileNotFoundError:
             return False
-        sup = store.read_json(job.supervisor) or store.read_json(job.spawn)
+        except CorruptState:
+            uid = ""  # the supervisor (told below) and the recorded process groups still stop every node
+        sup = store.read_aux(job.supervisor) or store.read_aux(job.spawn)
         if isinstance(sup, dict) and store.pid_alive(int(sup["pid"]), sup.get("start_time")):
             store.signal_pid(int(sup["pid"]), signal.SIGTERM)
         end = time.monotonic() + self.cancel_grace_seconds

@@ -7,14 +7,17 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from trainflow.core.errors import InvalidRequest, TrainJobNotFound
+from trainflow.core.errors import CorruptState, InvalidRequest, TrainJobNotFound
 from trainflow.core.local import store
 
 
 def log_path(job: store.JobDir, ref: str, step: str) -> Path:
     """The log file of ``step`` (``node-N``, an initializer, ``supervisor``); MPI rank 0 is the launcher."""
-    plan = store.read_json(job.plan)
-    if plan is None:
+    try:
+        plan = store.read_json(job.plan)
+    except ValueError as exc:
+        raise CorruptState(f"the local state of this job is corrupt ({job.plan}: {str(exc)[:200]})") from None
+    if not isinstance(plan, dict):
         namespace, _, name = ref.partition("/")
         raise TrainJobNotFound(namespace, name)
     run_step = str(plan.get("step", "node"))

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from trainflow.core.errors import CorruptState
 from trainflow.core.local import trust
 
 TRAINJOB_FILE = "trainjob.json"
@@ -73,6 +74,33 @@ def read_json(path: Path) -> Any:
     Never through a symbolic link, and only a file of this user (``trust.read_json``).
     """
     return trust.read_json(path)
+
+
+def read_aux(path: Path) -> Any:
+    """An auxiliary file (pids, metrics) whose damage must not stop cancel or status: None when unreadable."""
+    try:
+        return read_json(path)
+    except ValueError:
+        return None
+
+
+def _shape_problem(data: Any) -> str | None:
+    """What makes ``data`` no TrainJob object the engine wrote, or None."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    meta = data.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        return "metadata.name is missing"
+    for key in ("labels", "annotations"):
+        if not isinstance(meta.get(key) or {}, dict):
+            return f"metadata.{key} is not an object"
+    for key in ("spec", "status"):
+        if not isinstance(data.get(key) or {}, dict):
+            return f"{key} is not an object"
+    conditions = (data.get("status") or {}).get("conditions") or []
+    if not isinstance(conditions, list) or not all(isinstance(c, dict) for c in conditions):
+        return "status.conditions is not a list of objects"
+    return None
 
 
 @contextlib.contextmanager
@@ -146,8 +174,22 @@ class JobDir:
         return self.trainjob.is_file()
 
     def read(self) -> dict[str, Any] | None:
-        data = read_json(self.trainjob)
-        return data if isinstance(data, dict) else None
+        """The TrainJob object, None when the job is gone; CorruptState when the file is damaged."""
+        try:
+            data = read_json(self.trainjob)
+        except ValueError as exc:
+            problem: str | None = f"{type(exc).__name__}: {str(exc)[:200]}"
+        else:
+            if data is None:
+                return None
+            problem = _shape_problem(data)
+        if problem:
+            raise CorruptState(
+                f"the local state of this job is corrupt ({self.trainjob}: {problem}); cancel the job to "
+                "remove it (its processes are stopped too)"
+            )
+        assert isinstance(data, dict)
+        return data
 
     @contextlib.contextmanager
     def update(self) -> Iterator[dict[str, Any]]:
@@ -160,7 +202,7 @@ class JobDir:
             write_json(self.trainjob, obj)
 
     def read_metrics(self) -> dict[str, Any]:
-        data = read_json(self.metrics)
+        data = read_aux(self.metrics)
         return data if isinstance(data, dict) else {}
 
     def supervisor_alive(self) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from trainflow.core.errors import PermissionDenied
+from trainflow.core.errors import CorruptState, PermissionDenied
 from trainflow.core.local import policies, store
 from trainflow.core.local.nodes import Node
 
@@ -48,8 +48,13 @@ class SecretMissing(StartError):
 class Supervisor:
     def __init__(self, root: Path) -> None:
         self.job = store.JobDir(root)
-        self.plan: dict[str, Any] = store.read_json(self.job.plan) or {}
-        obj = self.job.read() or {}
+        self.broken = ""  # a damaged plan.json or trainjob.json: the job is marked Failed, nothing runs
+        try:
+            self.plan: dict[str, Any] = store.read_json(self.job.plan) or {}
+            obj = self.job.read() or {}
+        except (ValueError, CorruptState) as exc:
+            self.plan, obj, self.broken = {}, {}, f"{self.job.plan}: {exc}"
+        self.last = obj  # the last good TrainJob object, to record a failure over a corrupted file
         self.uid = str((obj.get("metadata") or {}).get("uid", ""))
         self.nodes: list[Node] = []
         self.stop = False
@@ -75,7 +80,7 @@ class Supervisor:
             obj = self.job.read()
             if obj is None:
                 raise _Stop
-            self._spec_key = key
+            self._spec_key, self.last = key, obj
             self._spec = obj.get("spec") or {}
             if (obj.get("metadata") or {}).get("deletionTimestamp"):
                 raise _Stop
@@ -96,7 +101,7 @@ class Supervisor:
             trainer_status = store.trainer_status(self.job.read_metrics())
             if trainer_status:
                 status["trainerStatus"] = trainer_status
-            self._spec = obj.get("spec") or {}
+            self._spec, self.last = obj.get("spec") or {}, obj
 
     def jobs_status(self, *, suspended: bool = False) -> list[dict[str, Any]]:
         step = str(self.plan.get("step", "node"))
@@ -299,6 +304,26 @@ class Supervisor:
                 metrics_key, metrics_folded = key, time.monotonic()
                 self.update_status(jobs=self.jobs_status())
 
+    def fail(self, exc: Exception) -> None:
+        """Record the failure; over a corrupted trainjob.json, from the last good object the supervisor read."""
+        if isinstance(exc, StartError | CorruptState):
+            reason = exc.reason if isinstance(exc, StartError) else "StateCorrupted"
+            text = str(exc)
+        else:
+            reason, text = "LocalEngineError", f"{type(exc).__name__}: {exc}"
+        condition = ("Failed", True, reason, text[:1000])
+        try:
+            self.update_status(conditions=[condition], jobs=self.jobs_status())
+        except FileNotFoundError:
+            pass
+        except CorruptState:
+            if self.last:
+                with store.locked(self.job.root / store.STATE_LOCK):
+                    obj = self.last
+                    store.set_condition(obj.setdefault("status", {}), *condition)
+                    obj["status"]["jobsStatus"] = self.jobs_status()
+                    store.write_json(self.job.trainjob, obj)
+
     def run(self) -> int:
         fd = os.open(self.job.supervisor_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -315,10 +340,12 @@ class Supervisor:
                 "started": store.now_iso(),
             },
         )
-        obj = self.job.read()
-        if obj is None or store.is_terminal(obj):
-            return 0
         try:
+            if self.broken:
+                raise CorruptState(self.broken)
+            obj = self.job.read()
+            if obj is None or store.is_terminal(obj):
+                return 0
             self.prepare()
             while True:
                 if self.spec().get("suspend"):
@@ -331,15 +358,7 @@ class Supervisor:
             self.stop_nodes()
         except Exception as exc:
             self.stop_nodes()
-            reason, text = (
-                (exc.reason, str(exc))
-                if isinstance(exc, StartError)
-                else ("LocalEngineError", f"{type(exc).__name__}: {exc}")
-            )
-            with contextlib.suppress(FileNotFoundError):
-                self.update_status(
-                    conditions=[("Failed", True, reason, text[:1000])], jobs=self.jobs_status()
-                )
+            self.fail(exc)
             self.log(f"error: {type(exc).__name__}: {exc}")
             return 1
         finally:
