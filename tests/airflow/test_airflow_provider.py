@@ -126,7 +126,7 @@ def test_hook_inline_kubeconfig_is_parsed_and_never_echoed(monkeypatch: pytest.M
     with pytest.raises(InvalidRequest) as err:
         TrainJobHook("tf_bad").backend_config()
     assert "s3cr3t" not in str(err.value)
-    assert "connection.kubeconfig" in str(err.value)
+    assert "extra.kubeconfig" in str(err.value) and "tf_bad" in str(err.value)
 
     both = {"kubeconfig": kubeconfig, "in_cluster": True}
     monkeypatch.setenv("AIRFLOW_CONN_TF_BOTH", json.dumps({"conn_type": "kubeflow_trainer", "extra": both}))

@@ -47,9 +47,9 @@ class FieldIssue:
 class InvalidRequest(TrainflowError, ValueError):
     """The request cannot become a valid TrainJob; nothing was submitted or started."""
 
-    def __init__(self, issues: Sequence[FieldIssue]) -> None:
+    def __init__(self, issues: Sequence[FieldIssue], *, subject: str = "TrainJob request") -> None:
         self.issues: tuple[FieldIssue, ...] = tuple(issues)
-        text, shown = "invalid TrainJob request: ", 0
+        text, shown = f"invalid {subject}: ", 0
         for issue in self.issues:
             line = ("; " if shown else "") + str(issue)
             if len(text) + len(line) > MAX_ERROR_CHARS - 40:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow.sdk import DAG
 
@@ -38,4 +38,22 @@ for _dag_id, _action in (("tf_rel_sync_delete", "delete"), ("tf_rel_sync_keep", 
             function_kwargs={"seconds": "{{ params.seconds }}"},
             deferrable=False,
             on_kill_action=_action,
+        )
+
+
+# Bad input fails the task at once, whatever its retries: a malformed connection (the test sets
+# AIRFLOW_CONN_TF_REL_MALFORMED) and a request that names a runtime that does not exist.
+with DAG("tf_rel_bad_input", schedule=None, start_date=START):
+    for _task_id, _conn, _runtime in (
+        ("bad_connection", "tf_rel_malformed", RUNTIME),
+        ("bad_request", "kubeflow_trainer_default", "no-such-runtime"),
+    ):
+        TrainJobOperator(
+            task_id=_task_id,
+            conn_id=_conn,
+            runtime=_runtime,
+            command=["true"],
+            deferrable=False,
+            retries=3,
+            retry_delay=timedelta(seconds=0),
         )

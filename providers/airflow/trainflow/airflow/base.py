@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -69,9 +71,23 @@ class TrainJobBaseOperator(BaseOperator):
         return cached
 
     def get_backend(self) -> Backend:
-        return self.hook.get_conn()
+        with fail_without_retry():
+            return self.hook.get_conn()
 
     def _ref(self, name: str, namespace: str | None) -> JobRef:
         from trainflow.core.result import JobRef
 
         return JobRef(name=name, namespace=namespace or self.get_backend().namespace)
+
+
+@contextlib.contextmanager
+def fail_without_retry() -> Iterator[None]:
+    """Bad input (a malformed connection, an invalid request) fails the task at once: a retry cannot fix it."""
+    from trainflow.core.errors import InvalidRequest
+
+    try:
+        yield
+    except InvalidRequest as exc:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(str(exc)) from exc

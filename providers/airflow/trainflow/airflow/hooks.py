@@ -14,6 +14,7 @@ from trainflow.airflow.provider_info import CONN_FIELDS, CONN_TYPE, DEFAULT_CONN
 
 if TYPE_CHECKING:
     from trainflow.core.backend import Backend
+    from trainflow.core.errors import InvalidRequest
 
 _BACKENDS: dict[str, Backend] = {}
 _BACKENDS_LOCK = threading.Lock()
@@ -29,10 +30,58 @@ def _extra_value(extra: Mapping[str, Any], field: str) -> Any:
     return None
 
 
-def _as_bool(value: Any) -> bool:
+_FALSE = ("0", "false", "no", "off", "f", "n", "")
+BACKENDS = ("kubernetes", "k8s", "local")
+EXTRA_FIX = (
+    'set the Extra field to a JSON object, e.g. {"backend": "local"} or {"kubeconfig_path": "~/.kube/config"}'
+)
+
+
+def connection_error(conn_id: str | None, field: str, problem: str, fix: str) -> InvalidRequest:
+    """A bad connection or override: names the connection and the field; never falls back to another backend."""
+    from trainflow.core.errors import FieldIssue, InvalidRequest  # not at DAG parse time
+
+    subject = f"{CONN_TYPE} connection {conn_id!r}" if conn_id else f"{CONN_TYPE} settings"
+    return InvalidRequest([FieldIssue(field, problem, fix)], subject=subject)
+
+
+def parse_extra(conn_id: str | None, raw: Any) -> dict[str, Any]:
+    """A connection's Extra as a JSON object; bad JSON or another JSON type is an error, not an empty extra."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return {}
+    value = raw
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            where = (
+                f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+            )
+            raise connection_error(conn_id, "extra", f"is not valid JSON{where}", EXTRA_FIX) from None
+    if not isinstance(value, dict):
+        kind = "list" if isinstance(value, list) else type(value).__name__
+        raise connection_error(conn_id, "extra", f"is a JSON {kind}, not an object", EXTRA_FIX)
+    return value
+
+
+def _text(value: Any, conn_id: str | None, field: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value.strip() if value is not None else None
+    raise connection_error(
+        conn_id, f"extra.{field}", f"is a {type(value).__name__}, not a string", f"give {field} as a string"
+    )
+
+
+def _as_bool(value: Any, conn_id: str | None, field: str) -> bool:
     if isinstance(value, bool):
         return value
-    return str(value).strip().lower() in _TRUE
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    text = str(value).strip().lower()
+    if isinstance(value, str) and text in _TRUE + _FALSE:
+        return text in _TRUE
+    shown = repr(value)[:40]
+    raise connection_error(conn_id, f"extra.{field}", f"{shown} is not true or false", "use true or false")
 
 
 def backend_config(
@@ -44,42 +93,48 @@ def backend_config(
     context: str | None = None,
     in_cluster: bool | None = None,
     local_home: str | None = None,
+    conn_id: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """``(backend name, get_backend kwargs)`` from connection extras, operator overrides and ``[trainflow]``.
 
     Operator arguments win over the connection; without either, ``[trainflow] default_backend`` decides,
-    and the kubernetes backend does its usual kubeconfig / in-cluster discovery.
+    and the kubernetes backend does its usual kubeconfig / in-cluster discovery. A malformed value (wrong
+    type, unknown backend, a boolean that is neither true nor false) is an error naming ``conn_id`` and the
+    field: a connection that means "local" must never end up on whatever cluster the host's kubeconfig names.
     """
     extra = dict(extra or {})
-    name = backend or _extra_value(extra, "backend") or _config.get("default_backend") or "kubernetes"
-    name = str(name).strip().lower()
+
+    def text(field: str) -> str | None:
+        return _text(_extra_value(extra, field), conn_id, field)
+
+    from_extra = not backend and text("backend")
+    name = (backend or text("backend") or _config.get("default_backend") or "kubernetes").strip().lower()
+    if name not in BACKENDS:
+        raise connection_error(
+            conn_id if from_extra else None,
+            "extra.backend" if from_extra else "backend",
+            f"unknown backend {name[:40]!r}",
+            "use kubernetes or local",
+        )
     kwargs: dict[str, Any] = {}
-    ns = namespace or _extra_value(extra, "namespace")
+    ns = namespace or text("namespace")
     if ns:
-        kwargs["namespace"] = str(ns)
+        kwargs["namespace"] = ns
     if name == "local":
-        home = local_home or _extra_value(extra, "local_home") or _config.get("local_home") or None
+        home = local_home or text("local_home") or _config.get("local_home") or None
         if home:
             kwargs["home"] = str(home)
         return name, kwargs
-    if name not in ("kubernetes", "k8s"):
-        from trainflow.core.errors import InvalidRequest
-
-        raise InvalidRequest.one(
-            "backend",
-            f"unknown backend {name!r}",
-            f"set the {CONN_TYPE} connection's backend to kubernetes or local",
-        )
-    cluster = in_cluster if in_cluster is not None else _as_bool(_extra_value(extra, "in_cluster") or False)
-    path = kubeconfig or _extra_value(extra, "kubeconfig_path")
+    flag = _extra_value(extra, "in_cluster")
+    cluster = in_cluster if in_cluster is not None else _as_bool(flag or False, conn_id, "in_cluster")
+    path = kubeconfig or text("kubeconfig_path")
     inline = _extra_value(extra, "kubeconfig")
-    ctx = context or _extra_value(extra, "context")
+    ctx = context or text("context")
     given = [k for k, v in (("in_cluster", cluster), ("kubeconfig_path", path), ("kubeconfig", inline)) if v]
     if len(given) > 1 and not kubeconfig and in_cluster is None:
-        from trainflow.core.errors import InvalidRequest
-
-        raise InvalidRequest.one(
-            "connection",
+        raise connection_error(
+            conn_id,
+            "extra",
             f"{', '.join(given)} are mutually exclusive",
             "keep only one way to reach the cluster",
         )
@@ -88,13 +143,13 @@ def backend_config(
     elif path:
         kwargs["kubeconfig"] = os.path.expanduser(str(path))
     elif inline:
-        kwargs["config_dict"] = _parse_kubeconfig(inline)
+        kwargs["config_dict"] = _parse_kubeconfig(inline, conn_id)
     if ctx:
         kwargs["context"] = str(ctx)
     return "kubernetes", kwargs
 
 
-def _parse_kubeconfig(value: Any) -> dict[str, Any]:
+def _parse_kubeconfig(value: Any, conn_id: str | None) -> dict[str, Any]:
     if isinstance(value, Mapping):
         return dict(value)
     text = str(value)
@@ -108,11 +163,9 @@ def _parse_kubeconfig(value: Any) -> dict[str, Any]:
         except yaml.YAMLError:
             parsed = None
     if not isinstance(parsed, dict):
-        from trainflow.core.errors import InvalidRequest
-
         # Never echo the value: it holds credentials.
-        raise InvalidRequest.one(
-            "connection.kubeconfig", "is not a YAML/JSON kubeconfig mapping", "paste the file"
+        raise connection_error(
+            conn_id, "extra.kubeconfig", "is not a YAML/JSON kubeconfig mapping", "paste the file"
         )
     return parsed
 
@@ -191,12 +244,13 @@ class TrainJobHook(BaseHook):
                 "Connection %s not found; using [trainflow] default_backend discovery", self.conn_id
             )
             return None
-        return dict(conn.extra_dejson or {})
+        parse_extra(self.conn_id, conn.extra)  # bad JSON or a list is an error (extra_dejson gives {})
+        return dict(conn.extra_dejson or {})  # the same object, its secrets registered with the masker
 
     def backend_config(self, extra: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         if extra is None:
             extra = self.connection_extra()
-        return backend_config(extra, **self.overrides)
+        return backend_config(extra, **self.overrides, conn_id=self.conn_id)
 
     def get_conn(self) -> Backend:
         """The trainflow backend (``trainflow.core.Backend``) this connection points at."""
@@ -216,10 +270,12 @@ class TrainJobHook(BaseHook):
 
                 try:
                     conn = await self.aget_connection(self.conn_id)
-                    extra = dict(conn.extra_dejson or {})
                 except AirflowNotFoundException:
-                    extra = None
-            name, kwargs = backend_config(extra, **self.overrides)
+                    conn = None
+                if conn is not None:
+                    parse_extra(self.conn_id, conn.extra)
+                    extra = dict(conn.extra_dejson or {})
+            name, kwargs = backend_config(extra, **self.overrides, conn_id=self.conn_id)
             self._backend = make_backend(name, kwargs)
         return self._backend
 

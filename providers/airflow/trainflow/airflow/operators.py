@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from airflow.sdk.exceptions import AirflowException
 from trainflow.airflow import _config
 from trainflow.airflow.actions import DeleteTrainJobOperator, ResumeTrainJobOperator, SuspendTrainJobOperator
-from trainflow.airflow.base import TrainJobBaseOperator
+from trainflow.airflow.base import TrainJobBaseOperator, fail_without_retry
 from trainflow.airflow.identity import airflow_labels, idempotency_key, ti_identity
 from trainflow.airflow.links import XCOM_KEY, extra_links
 from trainflow.airflow.request_args import REQUEST_ARGS, TEMPLATED_ARGS, to_request
@@ -163,6 +163,10 @@ class TrainJobOperator(TrainJobBaseOperator):
     # -- execution -------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> Any:
+        with fail_without_retry():
+            return self._execute(context)
+
+    def _execute(self, context: Context) -> Any:
         from trainflow.core.lifecycle import launch
 
         backend = self.get_backend()
