@@ -20,7 +20,7 @@ from types import FrameType
 from typing import Any
 
 from trainflow.core.errors import CorruptState, PermissionDenied
-from trainflow.core.local import policies, store
+from trainflow.core.local import policies, reaper, store
 from trainflow.core.local.nodes import Node
 
 POLL_SECONDS = 0.02  # node exits are noticed within this; a poll is a few syscalls
@@ -215,6 +215,7 @@ class Supervisor:
             node.poll()
         if self.uid:
             store.kill_marked(self.uid)
+        reaper.stop_descendants(STOP_GRACE_SECONDS / 5)  # what escaped the groups (new sessions, no marker)
 
     def wait_resumed(self) -> None:
         """Hold a suspended job (Kueue-style) until spec.suspend is cleared."""
@@ -269,6 +270,7 @@ class Supervisor:
                 self.log(message)
                 return True
             if all(code == 0 for code in codes):
+                reaper.stop_descendants(STOP_GRACE_SECONDS / 5)  # nothing of the job outlives it
                 self.write_nodes()
                 self.update_status(
                     conditions=[
@@ -364,6 +366,7 @@ class Supervisor:
         finally:
             if self.uid:
                 store.kill_marked(self.uid)
+            reaper.stop_descendants(0.0)
         return 0
 
 
@@ -372,8 +375,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m trainflow.core.local.supervisor <jobdir>", file=sys.stderr)
         return 2
+    return reaper.guard(lambda: _run(Path(args[0])))
+
+
+def _run(root: Path) -> int:
     try:
-        return Supervisor(Path(args[0])).run()
+        return Supervisor(root).run()
     except PermissionDenied as exc:  # a planted or linked job directory: refuse it, run nothing
         print(f"{store.now_iso()} refused: {exc}", flush=True)
         return 2

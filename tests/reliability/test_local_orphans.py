@@ -1,0 +1,88 @@
+"""Issue 12, points 2 and 3: no process of a local job outlives it. After a SIGKILL of the supervisor its
+ranks stop within 5 s with nobody reading the job (the guard process, a child subreaper, stops them), and the
+next read marks the job Failed; a rank's grandchild that starts a new session with an empty environment is
+stopped on completion and on cancel (the supervisor is a child subreaper too: see core/local/reaper.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from trainflow.core import JobState
+from trainflow.core.local import store
+from trainflow.core.local.engine import LocalBackend
+
+NS = "orphans"
+
+
+@pytest.fixture
+def backend(tmp_path: Path) -> LocalBackend:
+    return LocalBackend(tmp_path / "home", namespace=NS)
+
+
+def wait_file(path: Path, timeout: float = 30) -> str:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists() and (text := path.read_text()).strip():
+            return text
+        time.sleep(0.02)
+    raise AssertionError(f"{path} never appeared")
+
+
+def seconds_until_gone(pids: list[int], timeout: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout and any(store.pid_alive(p) for p in pids):
+        time.sleep(0.02)
+    alive = [p for p in pids if store.pid_alive(p)]
+    for pid in alive:  # never leave them behind, even when the test fails
+        store.signal_pid(pid, signal.SIGKILL)
+    assert not alive, f"still running after {timeout} s: {alive}"
+    return time.monotonic() - start
+
+
+def test_ranks_stop_within_5s_of_a_supervisor_sigkill_with_nobody_reading(backend: LocalBackend) -> None:
+    ref = backend.submit({"name": "killed", "command": ["sleep", "60"], "num_nodes": 2})
+    job = backend.job_dir(ref)
+    nodes = json.loads(wait_file(job / store.NODES_FILE))
+    pids = [n["pid"] for n in nodes]
+    supervisor = json.loads(wait_file(job / store.SUPERVISOR_FILE))["pid"]
+    assert len(pids) == 2 and all(store.pid_alive(p) for p in pids)
+    os.kill(supervisor, signal.SIGKILL)
+    took = seconds_until_gone(pids, 5.0)  # no get/wait/list in between
+    result = backend.get(ref)
+    assert result.state is JobState.FAILED and result.reason == "SupervisorLost", result
+    print(f"ranks stopped {took:.2f} s after the supervisor's SIGKILL")
+
+
+# The rank starts a grandchild in a new session with an empty environment (no job marker), writes its pid,
+# then exits at once (completion) or keeps running (cancel).
+ESCAPE = (
+    "import subprocess, sys, time; "
+    "p = subprocess.Popen(['/bin/sleep', '60'], env={}, start_new_session=True); "
+    "open(sys.argv[1], 'w').write(str(p.pid)); "
+    "time.sleep(float(sys.argv[2]))"
+)
+
+
+def test_an_escaped_grandchild_is_stopped_on_completion(backend: LocalBackend, tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    ref = backend.submit({"name": "done", "command": ["python3", "-c", ESCAPE, str(pidfile), "0"]})
+    result = backend.wait(ref, timeout=60)
+    assert result.state is JobState.COMPLETE
+    grandchild = int(wait_file(pidfile))
+    assert not store.pid_alive(grandchild), "the grandchild outlived the completed job"
+    seconds_until_gone([grandchild], 0.0)
+
+
+def test_an_escaped_grandchild_is_stopped_on_cancel(backend: LocalBackend, tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    ref = backend.submit({"name": "cancelled", "command": ["python3", "-c", ESCAPE, str(pidfile), "60"]})
+    grandchild = int(wait_file(pidfile))
+    assert store.pid_alive(grandchild)
+    assert backend.cancel(ref) is True
+    seconds_until_gone([grandchild], 2.0)
