@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -39,21 +39,27 @@ def make_subreaper() -> bool:
         return False
 
 
-def _parents() -> dict[int, int]:
-    """pid -> parent pid of every live (not zombie) process, from /proc."""
-    out: dict[int, int] = {}
+def proc_files(name: str) -> Iterator[tuple[int, bytes]]:
+    """(pid, contents of ``/proc/<pid>/<name>``) of every process whose file this user may read."""
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
                 continue
             try:
-                with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                    text = fh.read()
+                with open(f"/proc/{entry.name}/{name}", "rb") as fh:
+                    data = fh.read()
             except OSError:
                 continue
-            fields = text[text.rfind(b")") + 2 :].split()
-            if len(fields) > 1 and fields[0] not in (b"Z", b"X"):
-                out[int(entry.name)] = int(fields[1])
+            yield int(entry.name), data
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every live (not zombie) process, from /proc."""
+    out: dict[int, int] = {}
+    for pid, text in proc_files("stat"):
+        fields = text[text.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and fields[0] not in (b"Z", b"X"):
+            out[pid] = int(fields[1])
     return out
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trainflow.core.errors import CorruptState
-from trainflow.core.local import trust
+from trainflow.core.local import reaper, trust
 
 TRAINJOB_FILE = "trainjob.json"
 PLAN_FILE = "plan.json"
@@ -349,18 +349,8 @@ def marked_processes(uid: str) -> list[int]:
     found: list[int] = []
     if not HAVE_PROC:
         return found  # no portable way to read other processes' env; process groups must do
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        if pid == me:
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                environ = fh.read()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0") and pid_alive(pid):
+    for pid, environ in reaper.proc_files("environ"):
+        if pid != me and needle in environ.split(b"\0") and pid_alive(pid):
             found.append(pid)
     return found
 
