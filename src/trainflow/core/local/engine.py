@@ -35,7 +35,7 @@ from trainflow.core.errors import (
     TrainJobNotFound,
     WaitTimeout,
 )
-from trainflow.core.local import diagnose, logs, policies, store, trust
+from trainflow.core.local import cleanup, diagnose, logs, policies, store, trust
 from trainflow.core.observe import UpdateCallback, Waiter, observe, resolve_deadline
 from trainflow.core.request import TrainJobRequest
 from trainflow.core.result import OUTPUT_URI_ANNOTATION, JobRef, TrainJobResult, result_from_trainjob
@@ -224,39 +224,14 @@ class LocalBackend:
         if obj is None:
             raise TrainJobNotFound(jref.namespace, jref.name)
         if not store.is_terminal(obj) and not job.supervisor_alive() and not self._starting(job, obj):
-            obj = self._mark_lost(job, jref)
+            lost = cleanup.mark_lost(job)
+            if lost is None:
+                raise TrainJobNotFound(jref.namespace, jref.name)
+            obj = lost
         trainer_status = store.trainer_status(job.read_metrics())
         if trainer_status:
             obj.setdefault("status", {})["trainerStatus"] = trainer_status
         return obj
-
-    def _mark_lost(self, job: store.JobDir, jref: JobRef) -> dict[str, Any]:
-        """The supervisor died without finishing: stop what it left running and record the failure."""
-        try:
-            with job.update() as obj:
-                if store.is_terminal(obj) or job.supervisor_alive():
-                    return obj  # it finished (or started) between our two looks
-                self._kill_nodes(job, str(obj["metadata"].get("uid", "")))
-                tail = " | ".join(store.tail_lines(job.log("supervisor"), 3))
-                message = "the local supervisor process died; its nodes were stopped"
-                if tail:
-                    message += f" (supervisor log: {tail[-500:]})"
-                store.set_condition(obj.setdefault("status", {}), "Failed", True, "SupervisorLost", message)
-                for item in obj["status"].get("jobsStatus") or []:
-                    item["active"] = item["ready"] = 0
-                return obj
-        except FileNotFoundError:
-            raise TrainJobNotFound(jref.namespace, jref.name) from None
-
-    def _kill_nodes(self, job: store.JobDir, uid: str) -> None:
-        for node in store.read_aux(job.nodes) or []:
-            pid = int(node.get("pid") or 0)
-            if not pid or (store.pid_alive(pid) and not store.pid_alive(pid, node.get("start_time"))):
-                continue  # never recorded, or the pid now belongs to another process
-            if store.group_alive(pid):  # a dead leader's group keeps its id while any member lives
-                store.signal_group(pid, signal.SIGKILL)
-        if uid:
-            store.kill_marked(uid)
 
     def get(self, ref: JobRef | str) -> TrainJobResult:
         jref, job = self._job(ref)
@@ -355,6 +330,12 @@ class LocalBackend:
             return False
         except CorruptState:
             uid = ""  # the supervisor (told below) and the recorded process groups still stop every node
+        except OSError as exc:
+            if not cleanup.no_space(exc):
+                raise
+            uid = str(
+                ((job.read() or {}).get("metadata") or {}).get("uid", "")
+            )  # full disk: SIGTERM tells it
         sup = store.read_aux(job.supervisor) or store.read_aux(job.spawn)
         if isinstance(sup, dict) and store.pid_alive(int(sup["pid"]), sup.get("start_time")):
             store.signal_pid(int(sup["pid"]), signal.SIGTERM)
@@ -363,15 +344,8 @@ class LocalBackend:
             time.sleep(0.05)
         if isinstance(sup, dict) and store.pid_alive(int(sup["pid"]), sup.get("start_time")):
             store.signal_pid(int(sup["pid"]), signal.SIGKILL)
-        self._kill_nodes(job, uid)
-        trash = trust.jobs_dir(self.home, ".trash")
-        target = trash / f"{jref.namespace}.{jref.name}.{uuid.uuid4().hex[:8]}"
-        try:
-            os.rename(job.root, target)
-        except FileNotFoundError:
-            return False
-        shutil.rmtree(target, ignore_errors=True)
-        return True
+        cleanup.kill_nodes(job, uid)
+        return cleanup.remove(self.home, job, f"{jref.namespace}.{jref.name}")
 
     def _set_suspend(self, ref: JobRef | str, value: bool) -> TrainJobResult:
         jref, job = self._job(ref)

@@ -3,7 +3,7 @@
 ``execve`` refuses one argv or environment string over ``MAX_ARG_STRLEN`` (Linux: 32 pages, 128 KiB) and
 argv + environment together over ``ARG_MAX``; a node started with them would fail with E2BIG, reported as
 a command that cannot start. Each local node is a process group on this machine, so ``num_nodes`` has a cap
-(``TRAINFLOW_LOCAL_MAX_NODES``, default 32).
+(``TRAINFLOW_LOCAL_MAX_NODES``, default 32). Node logs are capped (``TRAINFLOW_LOCAL_LOG_MAX_BYTES``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,16 @@ DEFAULT_MAX_NODES = 32
 MAX_ARG_STRLEN = 32 * 4096 if sys.platform.startswith("linux") else None
 POINTER = 8
 SLACK = 16 * 1024  # the env the engine adds per node (policy, paths, markers) and the auxiliary vector
+
+
+LOG_MAX_ENV = "TRAINFLOW_LOCAL_LOG_MAX_BYTES"
+DEFAULT_LOG_MAX_BYTES = 1 << 30
+
+
+def log_cap() -> int:
+    """Bytes each node's log may hold (``TRAINFLOW_LOCAL_LOG_MAX_BYTES`` at submit, default 1 GiB)."""
+    text = os.environ.get(LOG_MAX_ENV, "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else DEFAULT_LOG_MAX_BYTES
 
 
 def max_nodes() -> int:

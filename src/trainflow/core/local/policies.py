@@ -248,6 +248,7 @@ def make_plan(
     workdir = container.get("workingDir")
     return {
         "version": 1,
+        "log_max_bytes": limits.log_cap(),
         "runtime": runtime.name,
         "policy": policy,
         "step": step,

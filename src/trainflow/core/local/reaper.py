@@ -122,8 +122,9 @@ def guard(run: Callable[[], int]) -> int:
         except BaseException:
             traceback.print_exc()
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            with contextlib.suppress(OSError):
+                sys.stdout.flush()
+                sys.stderr.flush()
             os._exit(code)
 
     def forward(signum: int, frame: FrameType | None) -> None:

@@ -9,6 +9,7 @@ the job behind. Secret values are read from ``<home>/secrets`` into the children
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import signal
@@ -20,8 +21,8 @@ from types import FrameType
 from typing import Any
 
 from trainflow.core.errors import CorruptState, PermissionDenied
-from trainflow.core.local import policies, reaper, store
-from trainflow.core.local.nodes import Node
+from trainflow.core.local import cleanup, policies, reaper, store
+from trainflow.core.local.nodes import Node, jobs_status
 
 POLL_SECONDS = 0.02  # node exits are noticed within this; a poll is a few syscalls
 
@@ -67,7 +68,8 @@ class Supervisor:
         self.stop = True
 
     def log(self, text: str) -> None:
-        print(f"{store.now_iso()} {text}", flush=True)
+        with contextlib.suppress(OSError):  # a full disk must not stop the supervisor
+            print(f"{store.now_iso()} {text}", flush=True)
 
     def spec(self) -> dict[str, Any]:
         """The job's spec, re-read only when trainjob.json changed (suspend/resume/delete come this way)."""
@@ -104,25 +106,7 @@ class Supervisor:
             self._spec, self.last = obj.get("spec") or {}, obj
 
     def jobs_status(self, *, suspended: bool = False) -> list[dict[str, Any]]:
-        step = str(self.plan.get("step", "node"))
-        active = sum(1 for n in self.nodes if n.exit_code is None)
-        succeeded = sum(1 for n in self.nodes if n.exit_code == 0)
-        failed = sum(1 for n in self.nodes if n.exit_code not in (None, 0) and not n.stopped)
-        out = [
-            {"name": i["step"], "active": 0, "ready": 0, "succeeded": 1, "failed": 0, "suspended": 0}
-            for i in self.plan.get("initializers") or []
-        ]
-        out.append(
-            {
-                "name": step,
-                "active": active,
-                "ready": active,
-                "succeeded": succeeded,
-                "failed": failed,
-                "suspended": 1 if suspended else 0,
-            }
-        )
-        return out
+        return jobs_status(self.plan, self.nodes, suspended=suspended)
 
     def write_nodes(self) -> None:
         store.write_json(self.job.nodes, [n.describe() for n in self.nodes])
@@ -177,14 +161,14 @@ class Supervisor:
         for index in range(int(self.plan.get("launched_nodes", 1))):
             name = f"node-{index}" if step == "node" else step
             env = self.child_env(index, port)
-            log = open(self.job.log(name), "ab")  # noqa: SIM115 - closed when the node exits
+            log = open(self.job.log(name), "ab", buffering=0)  # noqa: SIM115 - closed by the node's copier
             try:
                 proc = subprocess.Popen(
                     self.plan["argv"],
                     env=env,
                     cwd=self.plan.get("cwd") or None,
                     stdin=subprocess.DEVNULL,
-                    stdout=log,
+                    stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
@@ -194,7 +178,7 @@ class Supervisor:
                     f"cannot start node {index} ({self.plan['argv'][0]!r}): {exc.strerror or exc}; "
                     "is it installed here and on PATH (this Python's bin directory is searched first)?"
                 ) from exc
-            self.nodes.append(Node(index, step, proc, log))
+            self.nodes.append(Node(index, step, proc, log, int(self.plan.get("log_max_bytes") or 1 << 30)))
         self.write_nodes()
         self.log(f"launched {len(self.nodes)} node(s) {[n.proc.pid for n in self.nodes]} port={port}")
 
@@ -251,6 +235,8 @@ class Supervisor:
                 return False
             codes = [n.poll() for n in self.nodes]
             failed = [n for n in self.nodes if n.exit_code not in (None, 0)]
+            if failed and (cleanup.disk_full(self.job.root) or any(n.log_error_no_space for n in failed)):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # the node failed on a full disk
             if failed:
                 first = min(failed, key=lambda n: n.index)
                 self.stop_nodes()
@@ -311,6 +297,12 @@ class Supervisor:
         if isinstance(exc, StartError | CorruptState):
             reason = exc.reason if isinstance(exc, StartError) else "StateCorrupted"
             text = str(exc)
+        elif isinstance(exc, OSError) and cleanup.no_space(exc):
+            cleanup.release(self.job.root)  # room for this last status write
+            reason = "DiskFull"
+            text = (
+                f"no space left on device (ENOSPC) under {self.job.root}; free space there and submit again"
+            )
         else:
             reason, text = "LocalEngineError", f"{type(exc).__name__}: {exc}"
         condition = ("Failed", True, reason, text[:1000])
@@ -334,6 +326,7 @@ class Supervisor:
             return 0  # another supervisor owns this job
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
+        cleanup.reserve(self.job.root)
         store.write_json(
             self.job.supervisor,
             {
