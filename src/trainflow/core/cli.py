@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("aborted", err=True)
         return 130
     except click.ClickException as exc:
-        exc.message = clip(exc.message, MAX_PROBLEM_CHARS)  # click echoes the bad value
+        exc.message = clip(exc.message, MAX_PROBLEM_CHARS)  # type: ignore[misc]  # click echoes the bad value
         exc.show()
         return EXIT_BAD_INPUT if isinstance(exc, click.UsageError) else exc.exit_code
     except InvalidRequest as exc:
