@@ -151,10 +151,10 @@ def test_duplicate_keys_in_request_files_are_an_error(tmp_path: Path, name: str,
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "0"])
 def test_non_finite_or_non_positive_timeouts_are_refused(tmp_path: Path, value: str) -> None:
-    for args in (
-        ["wait", "some-job", "--timeout", value],
-        ["submit", "--wait", "--timeout", value, "--", "true"],
-    ):
+    commands = [["wait", "some-job", "--timeout", value]]
+    if value == "nan":  # the same option type on submit --wait: one value is enough (each run is a CLI start)
+        commands.append(["submit", "--wait", "--timeout", value, "--", "true"])
+    for args in commands:
         proc = cli(tmp_path / "home", *args)
         assert proc.returncode == 2, (args, proc.stderr)
         assert "--timeout" in proc.stderr
