@@ -1,6 +1,7 @@
 """Issue 12, point 8: a malformed ``kubeflow_trainer`` connection (bad JSON, a list, wrong types, an unknown
 backend, ``in_cluster: maybe``) is an error naming the connection and the field, never a fall back to another
-backend; bad input fails a real Airflow task at once (AirflowFailException), whatever its retries."""
+backend; operator argument errors that need no cluster surface when the DAG file is parsed; bad input fails a
+real Airflow task at once (AirflowFailException), whatever its retries."""
 
 from __future__ import annotations
 
@@ -34,18 +35,55 @@ for case, extra in json.loads(sys.argv[1]).items():
         out[case] = ["ok", TrainJobHook("tf_rel_malformed").backend_config()]
     except Exception as exc:
         out[case] = [type(exc).__name__, str(exc)]
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(sys.argv[2])
+out["import_errors"] = {os.path.basename(k): v for k, v in bag.import_errors.items()}
+out["dags"] = sorted(bag.dag_ids)
 print("RESULT " + json.dumps(out))
 """
+DAG_HEAD = """
+from datetime import datetime
+from airflow.sdk import DAG
+from trainflow.airflow import TrainJobOperator
+with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1)):
+"""
+# operator arguments and the fields their errors must name, all found when the DAG file is parsed
+BAD_ARGS = {
+    "num_nodes=0": "num_nodes: '0' is not a whole number of 1 or more",
+    "command='python train.py'": "command: is a string, not a list",
+    "env=['A=1']": "env: is a list, not a mapping",
+    "proc_per_node='many'": "proc_per_node: 'many' is not 1 or more, nor 'auto'",
+    "function='train'": "function: 'train' is not 'module:function'",
+    "request={'num_node': 2}": "request.num_node: is not a TrainJob request field",
+}
+GOOD_ARGS = (
+    "num_nodes='{{ params.n }}', command=['python3', 'train.py'], env={'A': '{{ ds }}'}, proc_per_node='auto'"
+)
+
+
+def write_dags(folder: Path) -> None:
+    folder.mkdir()
+    for i, args in enumerate(BAD_ARGS):
+        body = DAG_HEAD.format(dag_id=f"bad_{i}") + f"    TrainJobOperator(task_id='t', {args})\n"
+        (folder / f"bad_{i}.py").write_text(body)
+    good = DAG_HEAD.format(dag_id="good") + f"    TrainJobOperator(task_id='t', {GOOD_ARGS})\n"
+    (folder / "good.py").write_text(good)
 
 
 def test_a_malformed_connection_names_the_connection_and_field(tmp_path: Path) -> None:
     e = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "airflow"), "KUBECONFIG": str(tmp_path / "kubeconfig")}
+    e["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
     (tmp_path / "kubeconfig").write_text(
         "apiVersion: v1\nkind: Config\nclusters: []\n"
     )  # what a fallback finds
     extras = {case: raw for case, (raw, _) in CASES.items()}
+    write_dags(tmp_path / "dags")
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps(extras)], capture_output=True, text=True, timeout=120, env=e
+        [sys.executable, "-c", PROBE, json.dumps(extras), str(tmp_path / "dags")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=e,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[7:])
@@ -53,6 +91,12 @@ def test_a_malformed_connection_names_the_connection_and_field(tmp_path: Path) -
         kind, text = out[case]
         assert kind == "InvalidRequest", (case, out[case])  # an error, never a backend
         assert f"kubeflow_trainer connection '{CONN}'" in text and expected in text, (case, text)
+    # operator argument errors surface when the DAG file is parsed (DagBag: what the dag-processor runs)
+    assert out["dags"] == ["good"], out["dags"]  # templated values are left for execute
+    errors = out["import_errors"]
+    for i, expected in enumerate(BAD_ARGS.values()):
+        text = errors[f"bad_{i}.py"]
+        assert "invalid TrainJobOperator 't'" in text and expected in text, (expected, text[-2000:])
 
 
 @pytest.mark.slow

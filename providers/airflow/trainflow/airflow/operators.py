@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from airflow.sdk.exceptions import AirflowException
-from trainflow.airflow import _config
+from trainflow.airflow import _config, arg_check
 from trainflow.airflow.actions import DeleteTrainJobOperator, ResumeTrainJobOperator, SuspendTrainJobOperator
 from trainflow.airflow.base import TrainJobBaseOperator, fail_without_retry
 from trainflow.airflow.identity import airflow_labels, idempotency_key, ti_identity
@@ -136,6 +136,7 @@ class TrainJobOperator(TrainJobBaseOperator):
         self.max_log_lines = max_log_lines
         self.durable = durable
         self._trainjob_ref: dict[str, Any] | None = None
+        arg_check.check(self.request_fields() if isinstance(request, dict | None) else {}, self.task_id)
 
     @property
     def operator_extra_links(self) -> tuple[Any, ...]:  # type: ignore[override]
