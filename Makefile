@@ -102,9 +102,11 @@ reliability-long: setup
 PODS_TESTBED := TRAINFLOW_TESTBED_DIR=$${TRAINFLOW_PODS_TESTBED_DIR:-/tmp/trainflow-pods-run} \
 	TRAINFLOW_TESTBED_PORT_BASE=$${TRAINFLOW_PODS_PORT_BASE:-25380}
 PODS_IMAGES := dist/images/pods
-# The image names the default runtimes reference (Trainer v2.3.0 overlays/runtimes), all from the trainer image;
-# the KFP step image goes in under its own name (ghcr.io/trainflow/trainflow-kfp:<version>).
-PODS_IMAGE_NAMES := docker.io/pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime
+# The image names the default runtimes reference (Trainer v2.3.0 overlays/runtimes), all from the trainer image
+# (torch-distributed; xgboost-distributed: the trainer image has xgboost-cpu); the KFP step image goes in under
+# its own name (ghcr.io/trainflow/trainflow-kfp:<version>).
+PODS_IMAGE_NAMES := docker.io/pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime \
+	ghcr.io/kubeflow/trainer/xgboost-runtime:v2.3.0
 
 # Builds what it archives (layers cached: a warm rebuild takes about a minute), so a clean clone works too.
 pods-images: setup dist image-tools
