@@ -135,4 +135,5 @@ def test_xgboost_function_trainer_two_workers(
     assert result.metrics["world_size"] == 2.0 and result.metrics["train_rmse"] == pytest.approx(rmses[0])
     assert result.output_uri == f"file://{out}"
     assert not any("TRAINFLOW_REPORT" in text for text in logs.values())
-    record("xgboost_function_2_workers", {"seconds": round(elapsed, 1)})
+    lines = [line for text in logs.values() for line in text.splitlines() if line.startswith("xgb rank=")]
+    record("xgboost_function_2_workers", {"seconds": round(elapsed, 1), "rank_lines": sorted(lines)})
