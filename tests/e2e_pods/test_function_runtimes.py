@@ -52,7 +52,10 @@ def xgb_train(rounds: int, params: dict[str, Any]) -> None:
     if rank == 0:
         tracker = RabitTracker(n_workers=workers, host_ip="0.0.0.0", port=port, sortby="task")
         tracker.start()
-    with collective.CommunicatorContext(dmlc_tracker_uri=uri, dmlc_tracker_port=port, dmlc_task_id=str(rank)):
+    # dmlc_retry: a worker may start before rank 0's tracker listens; the default 3 retries give up in ~6 s
+    with collective.CommunicatorContext(
+        dmlc_tracker_uri=uri, dmlc_tracker_port=port, dmlc_task_id=str(rank), dmlc_retry=10
+    ):
         me, world = collective.get_rank(), collective.get_world_size()
         total = collective.allreduce(np.array([float(me + 1)]), collective.Op.SUM)[0]
         print(f"xgb rank={me} world_size={world} allreduce={total:g} host={socket.gethostname()}", flush=True)
