@@ -27,8 +27,6 @@ PARAMS = {"objective": "reg:squarederror", "max_depth": 3, "eta": 0.3, "nthread"
 
 def shard(rank: int) -> tuple[Any, Any]:
     """Worker ``rank``'s own rows: y = 3 x0 - 2 x1 + 0.5 plus noise, drawn from its own seed."""
-    import numpy as np
-
     rng = np.random.default_rng(100 + rank)
     x = rng.normal(size=(2000, 3))
     return x, x @ np.array([3.0, -2.0, 0.0]) + 0.5 + rng.normal(scale=0.1, size=2000)
