@@ -216,3 +216,15 @@ def test_copy_model_from_file_uri(tmp_path: Path) -> None:
 
 def test_numeric_metrics_skip_text_and_bools() -> None:
     assert artifacts.numeric_metrics({"loss": 0.5, "n": 2, "tag": "x", "ok": True}) == {"loss": 0.5, "n": 2.0}
+
+
+def test_step_without_any_identity_is_refused_before_submitting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainflow.kfp.runner import request_fields
+
+    monkeypatch.delenv("KFP_RUN_ID", raising=False)
+    monkeypatch.delenv("KFP_TASK_NAME", raising=False)
+    with pytest.raises(InvalidRequest) as err:
+        request_fields({"function": "m:f"}, None, None, artifact_uri=None)
+    assert err.value.fields == ["run_id"] and "idempotency_key" in str(err.value)
+    fields = request_fields({"function": "m:f"}, None, None, artifact_uri=BACKEND.format(salt=SALT_1))
+    assert fields["idempotency_key"] == derived(BACKEND.format(salt=SALT_1), {"function": "m:f"})
