@@ -1,5 +1,6 @@
 """make images: the KFP step image built twice (shared cache, then from scratch) has one digest, independent
-OCI tools read it, and trainflow runs inside it from the image's own config; archives name it for containerd.
+OCI tools read it, and trainflow runs inside it from the image's own config; archives name it for containerd;
+the compiled ``train_job`` component's own container command runs in it.
 
 Needs root (mmdebstrap, chroot) and umoci/skopeo (make image-tools). Run by ``make test-images``.
 """
@@ -11,6 +12,7 @@ import io
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -129,6 +131,95 @@ def test_archive_rejects_a_short_name(
     assert proc.returncode == 2
     assert "not fully qualified" in proc.stderr and "docker.io/pytorch/pytorch" in proc.stderr
     assert not (tmp_path / "x.tar").exists()
+
+
+# Output URIs as the KFP driver provisions them: <root>/<pipeline>/<run id>/<task>/<uuid of this execution>/<name>
+TASK_ROOT = (
+    "minio://mlpipeline/v2/artifacts/train/6f1c2a0e-0b7d-4f0e-9d55-0d6c3f7c2b11/train-job/"
+    "0a1b2c3d-1111-4222-8333-944455556666"
+)
+
+
+def executor_input(volume: str) -> dict[str, Any]:
+    """The train_job step's executor input with no identity arguments, on the local engine (state on a volume)."""
+    outputs = {"model": "system.Model", "metrics": "system.Metrics", "summary": "system.Markdown"}
+    return {
+        "inputs": {
+            "parameterValues": {
+                "runtime": "torch-distributed",
+                "command": ["python3", "-c", "print('trained by the step image')"],
+                "num_nodes": 1,
+                "backend": "local",
+                "backend_config": {"home": f"{volume}/trainflow-home"},
+            }
+        },
+        "outputs": {
+            "artifacts": {
+                name: {
+                    "artifacts": [
+                        {"name": name, "type": {"schemaTitle": title}, "uri": f"{TASK_ROOT}/{name}"}
+                    ]
+                }
+                for name, title in outputs.items()
+            },
+            "parameters": {
+                p: {"outputFile": f"/tmp/kfp/outputs/{p}"} for p in ("job_name", "namespace", "state")
+            },
+            "outputFile": "/tmp/kfp_outputs/output_metadata.json",
+        },
+    }
+
+
+def test_compiled_train_job_runs_in_the_image_and_its_retry_reuses_the_trainjob(
+    builds: tuple[dict[str, Any], dict[str, Any], Path], tmp_path: Path
+) -> None:
+    _, _, out = builds
+    (executor,) = yaml.safe_load((REPO / "components/yaml/train_job.yaml").read_text())["deploymentSpec"][
+        "executors"
+    ].values()
+    container = executor["container"]
+    assert container["image"] == NAME
+    config = json.loads(_tool(["skopeo", "inspect", "--config", f"oci:{out / 'oci'}:{NAME}"]))["config"]
+    _tool(["umoci", "unpack", "--image", f"{out / 'oci'}:{NAME}", str(tmp_path / "bundle")])
+    rootfs = tmp_path / "bundle" / "rootfs"
+    volume = tmp_path / "volume"  # survives the pod, like a PVC; everything else is the pod's own
+    volume.mkdir()
+    (rootfs / "mnt" / "volume").mkdir(parents=True)
+    placeholder = json.dumps(executor_input("/mnt/volume"))
+    argv = [a.replace("{{$}}", placeholder) for a in container["command"] + container["args"]]
+
+    def pod() -> tuple[dict[str, Any], str, str]:
+        """One container of the step: its own mount and pid namespaces, /dev and /proc, the image's config."""
+        for scratch in ("minio", "tmp/kfp_outputs"):
+            shutil.rmtree(rootfs / scratch, ignore_errors=True)
+        step = ["/bin/sh", "-c", f'cd {config["WorkingDir"]} && exec "$@"', "step", *argv]
+        script = " && ".join(
+            [
+                f"mount --rbind /dev {rootfs}/dev",
+                f"mount -t proc proc {rootfs}/proc",
+                f"mount --bind {volume} {rootfs}/mnt/volume",
+                f"exec chroot {rootfs} /usr/bin/env -i {shlex.join([*config['Env'], *step])}",
+            ]
+        )
+        proc = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "sh", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        written = json.loads((rootfs / "tmp/kfp_outputs/output_metadata.json").read_text())["parameterValues"]
+        summary = (rootfs / TASK_ROOT.replace("minio://", "minio/") / "summary").read_text()
+        return written, proc.stdout, summary
+
+    outputs, first, summary = pod()
+    name = outputs["job_name"]
+    assert outputs == {"job_name": name, "namespace": "default", "state": "Complete"}
+    assert name.startswith("train-job-") and f"Submitted TrainJob default/{name} (attempt 1)" in first
+    assert summary.startswith(f"## TrainJob `default/{name}`: Complete")
+    again, second, _ = pod()  # the retried pod: same executor input, fresh container
+    assert again == outputs and f"TrainJob default/{name} already completed" in second
+    assert [p.name for p in (volume / "trainflow-home" / "jobs" / "default").iterdir()] == [name]
 
 
 def _tool(cmd: list[str]) -> str:
