@@ -7,7 +7,8 @@ RUN := $(UV) run --frozen --extra dev --no-sync
 PYTEST_FLAGS ?= -q
 
 .PHONY: setup demo test test-fast test-k8s37 reliability-long lint typecheck fmt components check-components e2e bench bench-full clean \
-	dist test-dist image-tools images image-archive test-images e2e-pods pods-images
+	dist test-dist image-tools images image-archive test-images e2e-pods pods-images e2e-airflow test-airflow-floor \
+	e2e-airflow-conventions
 
 include testbed/testbed.mk
 
@@ -114,7 +115,24 @@ e2e-pods: setup
 	  $(RUN) pytest -m e2e tests/e2e_pods --ignore=tests/e2e_pods/teardown $(PYTEST_FLAGS); \
 	  $(RUN) pytest -m e2e tests/e2e_pods/teardown $(PYTEST_FLAGS)
 
-test: lint typecheck check-components test-fast test-k8s37 test-dist test-images e2e e2e-pods
+
+# A real Airflow deployment (tests/airflow_deploy/run.sh): Postgres + scheduler (LocalExecutor) + triggerer +
+# dag-processor + api-server on loopback, on the newest Airflow in its own venv; DAGs triggered over REST on the
+# local engine and on the testbed; the UI in Debian's Chromium.
+AIRFLOW_NEWEST := 3.3
+e2e-airflow: setup
+	bash tests/airflow_deploy/run.sh --airflow $(AIRFLOW_NEWEST) --suite deploy
+
+# The provider on the oldest Airflow pyproject.toml allows, in its own venv and deployment.
+AIRFLOW_FLOOR ?= 3.2
+test-airflow-floor: setup
+	bash tests/airflow_deploy/run.sh --airflow $(AIRFLOW_FLOOR) --suite floor
+
+# What Airflow users expect of the provider and it does not do yet (tests/airflow_deploy/test_conventions.py).
+e2e-airflow-conventions: setup
+	bash tests/airflow_deploy/run.sh --airflow $(AIRFLOW_NEWEST) --suite conventions
+
+test: lint typecheck check-components test-fast test-k8s37 test-dist test-images e2e e2e-airflow test-airflow-floor e2e-pods
 
 # Benchmarks against the peers measured in the same run, on their own testbed instance.
 BENCH_TESTBED := TRAINFLOW_TESTBED_DIR=$${TRAINFLOW_BENCH_TESTBED_DIR:-/tmp/trainflow-bench-run} \

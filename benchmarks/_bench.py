@@ -67,10 +67,14 @@ _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 def request_counts(api: Any) -> dict[tuple[str, str, str], float]:
     """``apiserver_request_total`` summed by (verb, resource, subresource) — one GET of /metrics."""
-    resp = api.call_api(
-        "/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False, response_type=None
-    )[0]
-    text = resp.data.decode()
+    # rest_client.request has the same shape in kubernetes 30 (the bench venv) and 36 (the Airflow venv)
+    headers = {}
+    token = (api.configuration.api_key or {}).get("authorization")
+    if token:
+        prefix = (api.configuration.api_key_prefix or {}).get("authorization")
+        headers["Authorization"] = f"{prefix} {token}" if prefix else token
+    resp = api.rest_client.request("GET", f"{api.configuration.host}/metrics", headers=headers)
+    text = resp.data.decode() if isinstance(resp.data, bytes) else str(resp.data)
     counts: dict[tuple[str, str, str], float] = {}
     for line in text.splitlines():
         m = _LINE.match(line)

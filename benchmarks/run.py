@@ -1,7 +1,8 @@
 """Run every benchmark and print one table of figures with their ratios to the peers measured in the same run.
 
     python benchmarks/run.py --quick   # CI: N = 1, 100, 1000, short windows, SDK peer up to N = 100
-    python benchmarks/run.py --full    # N up to 5,000, 60 s windows, SDK peer up to N = 1,000
+    python benchmarks/run.py --full    # N up to 5,000, 60 s windows, SDK peer up to N = 1,000, and the
+                                       # triggerer benchmark (1,000 deferred tasks in a real Airflow triggerer)
 
 Needs a running testbed (``TRAINFLOW_TESTBED_DIR``, see testbed/up.sh). The cluster benchmarks run in
 their own environment (``~/.cache/trainflow-bench/venv``: the locked core + ``bench`` extra, i.e.
@@ -44,6 +45,8 @@ MODES: dict[str, dict[str, Any]] = {
         "submit": ["--jobs", "60", "--threads", "8"],
         "local": ["--trivial-runs", "10", "--torch-runs", "3"],
         "parse": ["--runs", "9"],
+        # a real Airflow deployment (Postgres + one triggerer); only in the full run (~25 min)
+        "triggerer": ["--n", "1000", "--window", "60", "--sample", "200"],
     },
 }  # fmt: skip
 
@@ -56,6 +59,20 @@ def bench_python() -> str:
         [uv, "sync", "--frozen", "--extra", "bench", "-p", "3.11", "--quiet"], cwd=B.ROOT, env=env, check=True
     )
     return str(BENCH_ENV / "bin" / "python")
+
+
+def airflow_python() -> str:
+    """The Airflow venv of tests/airflow_deploy (newest Airflow + cncf.kubernetes, the triggerer benchmark's peer)."""
+    subprocess.run(
+        ["bash", str(B.ROOT / "tests" / "airflow_deploy" / "system_deps.sh"), "--no-browser"], check=True
+    )
+    out = subprocess.run(
+        ["bash", str(B.ROOT / "tests" / "airflow_deploy" / "venv.sh"), "3.3"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip().splitlines()[-1] + "/bin/python"
 
 
 def step(title: str, argv: list[str], timeout: float, log: Path) -> tuple[int, str]:
@@ -142,6 +159,22 @@ def summary_table(res: dict[str, Any]) -> str:
     if sdk_local:
         rows.append(["local", "SDK LocalProcessBackend, same torch job", "-", "SDK local (1 node max)",
                      f"{sdk_local.get('status')} after {sdk_local.get('seconds')} s", "n/a (cannot run offline)"])  # fmt: skip
+    trig = {r["impl"]: r for r in (res.get("triggerer") or {}).get("results", [])}
+    if "trainflow" in trig and "cncf" in trig:
+        t, c = trig["trainflow"], trig["cncf"]
+        for key, name in (("requests_per_min", "API requests / min"), ("cpu_pct", "triggerer CPU, % of one core"),
+                          ("pss_mib", "triggerer PSS, MiB"), ("p50_s", "detection p50, s"),
+                          ("p99_s", "detection p99, s"), ("burst_drain_s", "burst drain, s")):  # fmt: skip
+            rows.append(
+                [
+                    f"triggerer N={t['n']}",
+                    name,
+                    t[key],
+                    "KubernetesJobTrigger",
+                    c[key],
+                    B.ratio(c[key], t[key]),
+                ]
+            )
     parse = res.get("parse") or {}
     if parse:
         rows.append(["parse", "DAG parse with trainflow, ms (added)", f"{parse['with_ms']:.1f} "
@@ -155,7 +188,9 @@ def main() -> int:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--quick", action="store_true")
     g.add_argument("--full", action="store_true")
-    p.add_argument("--only", default="wait,submit,local,sdk_local,parse", help="comma list of benchmarks")
+    p.add_argument(
+        "--only", default="wait,submit,local,sdk_local,parse,triggerer", help="comma list of benchmarks"
+    )
     p.add_argument("--out", default="/tmp/trainflow-bench-results", help="directory for JSON and logs")
     args = p.parse_args()
     mode = "full" if args.full else "quick"
@@ -210,6 +245,14 @@ def main() -> int:
         res["parse"] = parse_figures(text)
         if rc != 0:
             failed.append("parse")
+    if "triggerer" in only and "triggerer" in cfg:
+        rc, _ = step("triggerer: N deferred tasks in one real triggerer",
+                     [airflow_python(), str(HERE / "triggerer_scale.py"), *cfg["triggerer"],
+                      "--json", str(out / "triggerer.json")], 5400, out / "triggerer.log")  # fmt: skip
+        if rc == 0:
+            res["triggerer"] = json.loads((out / "triggerer.json").read_text())
+        else:
+            failed.append("triggerer")
     (out / "results.json").write_text(json.dumps(res, indent=1))
     print(f"\n=== trainflow benchmarks ({mode}) — {res['machine']['date']}, {res['machine']['nproc']} cores, "
           f"load {res['machine']['load_avg']}; ratio = peer / trainflow unless noted")  # fmt: skip

@@ -21,7 +21,7 @@ from trainflow.core.errors import BackendError, TrainJobNotFound, Transient, Una
 from trainflow.core.kube import retry
 from trainflow.core.kube.aio import AsyncKubeApi
 from trainflow.core.kube.apierrors import Gone
-from trainflow.core.kube.watch import parse_event
+from trainflow.core.kube.watch import WatchStats, parse_event
 
 log = logging.getLogger(__name__)
 
@@ -31,16 +31,6 @@ MAX_REAUTH = 3  # 401s in a row (an expired exec-plugin token): reload the crede
 
 WINDOW = 300
 GRACE = 5.0  # how long a waiter whose job is not in the cache waits for its ADDED event before a GET
-
-
-@dataclass
-class SharedWatchStats:
-    lists: int = 0
-    watches: int = 0
-    relists_410: int = 0
-    reconnects: int = 0
-    events: int = 0
-    gets: int = 0
 
 
 class Mailbox:
@@ -78,7 +68,7 @@ class NamespaceWatch:
     config_factory: ConfigFactory
     mailboxes: dict[str, set[Mailbox]] = field(default_factory=dict)
     objects: dict[str, dict[str, Any]] = field(default_factory=dict)
-    stats: SharedWatchStats = field(default_factory=SharedWatchStats)
+    stats: WatchStats = field(default_factory=WatchStats)
     synced: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     api: AsyncKubeApi | None = None
@@ -227,7 +217,7 @@ class WatchRegistry:
 
     def __init__(self) -> None:
         self.watches: dict[WatchKey, NamespaceWatch] = {}
-        self.key_stats: dict[WatchKey, SharedWatchStats] = {}  # cumulative, survives watch restarts
+        self.key_stats: dict[WatchKey, WatchStats] = {}  # cumulative, survives watch restarts
         self.started = 0
         self._client_import: asyncio.Future[Any] | None = None
 
@@ -235,7 +225,7 @@ class WatchRegistry:
     def active_watches(self) -> int:
         return sum(1 for w in self.watches.values() if w.task is not None and not w.task.done())
 
-    def stats(self, key: WatchKey) -> SharedWatchStats | None:
+    def stats(self, key: WatchKey) -> WatchStats | None:
         """Cumulative counters of the shared watch for one (server, namespace) in this loop."""
         return self.key_stats.get(key)
 
@@ -259,7 +249,7 @@ class WatchRegistry:
             )
         watch = self.watches.get(key)
         if watch is None or watch.task is None or watch.task.done():
-            stats = self.key_stats.setdefault(key, SharedWatchStats())
+            stats = self.key_stats.setdefault(key, WatchStats())
             watch = NamespaceWatch(
                 key=key, config_factory=config_factory, stats=stats, client_import=self._client_import
             )

@@ -25,13 +25,14 @@ WATCH_WINDOW = 300.0  # seconds per watch request; the server closes it, we re-o
 
 @dataclass
 class WatchStats:
-    """What one wait cost (tests and benchmarks read these)."""
+    """What a watch cost (tests and benchmarks read these): one wait's, or a shared watch's over its life."""
 
     lists: int = 0
     watches: int = 0
     relists_410: int = 0
     reconnects: int = 0
     events: int = 0
+    gets: int = 0  # the shared watch's GETs of jobs it had not seen yet
 
 
 def name_selector(name: str) -> str:

@@ -1,0 +1,103 @@
+"""DAGs the deployment tests trigger over REST (tests/airflow_deploy).
+
+``kubeflow_trainer_default`` is the local engine (the deployment's TRAINFLOW_HOME); ``tf_testbed`` is the
+kwok testbed with the kubernetes backend. Function trainers use the jax-distributed runtime, which the local
+engine runs as plain ``python -c`` processes: quick to start.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG
+
+from trainflow.airflow import TrainJobOperator
+
+START = datetime(2026, 1, 1)
+RUNTIME = "jax-distributed"
+IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
+KWOK_COMPLETE_DELAY = "pod-complete.stage.kwok.x-k8s.io/delay"
+
+
+def train_steps(steps: int = 5, step_seconds: float = 1.0, loss0: float = 2.0) -> None:
+    """A fake training loop: one 'step i loss x' line per step (rank 0's log), then a metrics report."""
+    import time
+
+    from trainflow.core.reporting import report
+
+    loss = float(loss0)
+    for i in range(int(steps)):
+        time.sleep(float(step_seconds))
+        loss *= 0.8
+        print(f"step {i + 1}/{steps} loss {loss:.4f}", flush=True)
+        report(progress=int(100 * (i + 1) / int(steps)))
+    report(metrics={"loss": round(loss, 4), "steps": int(steps)}, progress=100)
+
+
+def steps_task(**kwargs: object) -> TrainJobOperator:
+    """The local-engine TrainJob of the defer and worker DAGs: ``params.steps`` one-second-ish steps."""
+    return TrainJobOperator(
+        task_id="train",
+        runtime=RUNTIME,
+        function=train_steps,
+        function_kwargs={"steps": "{{ params.steps }}", "step_seconds": "{{ params.step_seconds }}"},
+        execution_timeout=timedelta(minutes=10),
+        **kwargs,
+    )
+
+
+PARAMS = {
+    "schedule": None,
+    "start_date": START,
+    "render_template_as_native_obj": True,
+    "tags": ["trainflow-deploy"],
+}
+
+with DAG("tf_deploy_defer", params={"steps": 5, "step_seconds": 1.0}, **PARAMS):
+    # deferrable and stream_logs given explicitly: the run must not depend on defaults
+    steps_task(deferrable=True, stream_logs=True)
+
+with DAG("tf_deploy_worker", params={"steps": 30, "step_seconds": 1.0}, **PARAMS):
+    # waits on the worker (not deferred), so killing the worker interrupts the wait itself
+    steps_task(deferrable=False, retries=2, retry_delay=timedelta(seconds=2))
+
+with DAG(
+    "tf_deploy_sweep",
+    schedule=None,
+    start_date=START,
+    params={"namespace": "default", "delay": "5s"},
+    tags=["trainflow-deploy"],
+):
+    # 20 mapped TrainJobs on the testbed (kwok runs the pods), all deferred in the one triggerer
+    TrainJobOperator.partial(
+        task_id="train",
+        conn_id="tf_testbed",
+        namespace="{{ params.namespace }}",
+        runtime="torch-distributed",
+        image=IMAGE,
+        command=["torchrun", "train.py"],
+        num_nodes=1,
+        annotations={KWOK_COMPLETE_DELAY: "{{ params.delay }}"},
+        deferrable=True,
+        execution_timeout=timedelta(minutes=10),
+    ).expand(args=[["--lr", f"{0.001 * (i + 1):.3f}"] for i in range(20)])
+
+with DAG(
+    "tf_deploy_kube",
+    schedule=None,
+    start_date=START,
+    params={"namespace": "default", "delay": "20s"},
+    tags=["trainflow-deploy"],
+):
+    TrainJobOperator(
+        task_id="train",
+        conn_id="tf_testbed",
+        namespace="{{ params.namespace }}",
+        runtime="torch-distributed",
+        image=IMAGE,
+        command=["torchrun", "train.py"],
+        num_nodes=2,
+        annotations={KWOK_COMPLETE_DELAY: "{{ params.delay }}"},
+        deferrable=True,
+        execution_timeout=timedelta(minutes=10),
+    )

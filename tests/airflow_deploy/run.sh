@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# make e2e-airflow: the provider in a real Airflow deployment, then the provider's tests on one Airflow version.
+#
+#   run.sh [--airflow 3.3] [--suite deploy|floor|conventions] [pytest args...]
+#
+# deploy (newest Airflow): the kwok testbed (started unless one is already up at TRAINFLOW_TESTBED_DIR),
+#   Postgres + scheduler + triggerer + dag-processor + api-server (tests/airflow_deploy/airflow_stack.py), the
+#   deployment and browser tests (the provider's unit tests run on this Airflow in make test-fast).
+# floor: the provider's unit tests and one deferred run through a real deployment on the floor Airflow.
+# conventions: the behaviour Airflow users expect that the provider does not have yet (see the module).
+# Everything started here is stopped on exit, whatever happens.
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+AIRFLOW_MINOR=3.3
+SUITE=deploy
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --airflow) AIRFLOW_MINOR="$2"; shift 2 ;;
+    --suite) SUITE="$2"; shift 2 ;;
+    *) break ;;
+  esac
+done
+export TRAINFLOW_AIRFLOW_DIR="${TRAINFLOW_AIRFLOW_DIR:-/tmp/trainflow-airflow}"
+export TRAINFLOW_TESTBED_DIR="${TRAINFLOW_TESTBED_DIR:-/tmp/trainflow-testbed}"
+PORT_BASE="${TRAINFLOW_AIRFLOW_PORT_BASE:-29470}"
+t0=$(date +%s)
+say() { echo "[e2e-airflow $(date +%H:%M:%S) +$(( $(date +%s) - t0 ))s] $*" >&2; }
+
+if [ "$SUITE" = deploy ]; then bash "$HERE/system_deps.sh"; else bash "$HERE/system_deps.sh" --no-browser; fi
+VENV="$(bash "$HERE/venv.sh" "$AIRFLOW_MINOR")"
+PY="$VENV/bin/python"
+say "venv $VENV ($("$PY" -c 'import importlib.metadata as m; print("apache-airflow", m.version("apache-airflow"))'))"
+
+started_testbed=0
+cleanup() {
+  rc=$?
+  "$PY" "$HERE/airflow_stack.py" down --dir "$TRAINFLOW_AIRFLOW_DIR" || true
+  if [ "$started_testbed" = 1 ]; then bash "$REPO/testbed/down.sh" >/dev/null 2>&1 || true; fi
+  say "done rc=$rc"
+  exit $rc
+}
+trap cleanup EXIT INT TERM
+
+conn() { printf '{"conn_type": "kubeflow_trainer", "extra": %s}' "$1"; }
+stack_env=(
+  --env "AIRFLOW_CONN_KUBEFLOW_TRAINER_DEFAULT=$(conn '{"backend": "local"}')"
+  --env "AIRFLOW__TRAINFLOW__DASHBOARD_URL_TEMPLATE=https://kubeflow.example.com/trainer/{namespace}/trainjobs/{name}"
+)
+if [ "$SUITE" != floor ]; then
+  if [ -f "$TRAINFLOW_TESTBED_DIR/state.json" ] && "$PY" "$REPO/testbed/testbed.py" status --dir "$TRAINFLOW_TESTBED_DIR" >/dev/null 2>&1; then
+    say "using the running testbed at $TRAINFLOW_TESTBED_DIR"
+  else
+    started_testbed=1
+    bash "$REPO/testbed/up.sh"
+    say "testbed up"
+  fi
+  kubeconfig="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["kubeconfig"])' "$TRAINFLOW_TESTBED_DIR/state.json")"
+  stack_env+=(--env "AIRFLOW_CONN_TF_TESTBED=$(conn "{\"backend\": \"kubernetes\", \"kubeconfig_path\": \"$kubeconfig\"}")")
+fi
+case "$SUITE" in
+  deploy)
+    stack_env+=(--env "AIRFLOW__OPENLINEAGE__DISABLED=True")
+    tests=("$HERE/test_deploy_local.py" "$HERE/test_deploy_kube.py" "$HERE/test_ui.py")
+    unit=()  # the newest Airflow is the project's own (uv.lock): make test-fast runs these tests on it
+    ;;
+  floor)
+    tests=("$HERE/test_floor.py" "$HERE/test_deploy_local.py::test_deferral_through_the_real_triggerer"
+           "$HERE/test_deploy_local.py::test_marking_a_deferred_task_failed_deletes_its_trainjob")
+    # the two user-cancel unit tests drive Airflow 3.3's BaseTrigger.on_kill; before 3.3 the same behaviour
+    # (cleanup() + task-state check) is test_marking_a_deferred_task_failed_deletes_its_trainjob above
+    unit=(tests/airflow/test_airflow_provider.py tests/airflow/test_airflow_operator_unit.py
+          tests/airflow/test_airflow_trigger.py
+          --deselect tests/airflow/test_airflow_trigger.py::test_user_cancel_of_deferred_task_deletes_the_trainjob
+          --deselect tests/airflow/test_airflow_trigger.py::test_keep_action_survives_user_cancel)
+    ;;
+  conventions)
+    stack_env+=(
+      --env "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE=False"
+      --env "AIRFLOW_CONN_KUBERNETES_DEFAULT={\"conn_type\": \"kubernetes\", \"extra\": {\"kube_config_path\": \"$kubeconfig\"}}"
+      --env 'AIRFLOW__OPENLINEAGE__TRANSPORT={"type": "console"}'
+    )
+    tests=("$HERE/test_conventions.py")
+    unit=()
+    ;;
+  *) echo "unknown suite $SUITE" >&2; exit 2 ;;
+esac
+
+"$PY" "$HERE/airflow_stack.py" up --dir "$TRAINFLOW_AIRFLOW_DIR" --venv "$VENV" --dags "$HERE/dags" \
+  --port-base "$PORT_BASE" "${stack_env[@]}"
+say "deployment up: $("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["timings"])' "$TRAINFLOW_AIRFLOW_DIR/state.json")"
+
+cd "$REPO"
+pytest=("$VENV/bin/pytest" -p no:cacheprovider -o "addopts=-ra --strict-markers" -q --durations=0)
+"${pytest[@]}" -m e2e "${tests[@]}" "$@"
+say "deployment tests passed"
+"$PY" "$HERE/airflow_stack.py" down --dir "$TRAINFLOW_AIRFLOW_DIR"
+if [ ${#unit[@]} -gt 0 ]; then
+  "${pytest[@]}" "${unit[@]}"
+  say "provider unit tests passed on Airflow $AIRFLOW_MINOR"
+fi

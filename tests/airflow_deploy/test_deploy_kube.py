@@ -1,0 +1,84 @@
+"""TrainJobOperator in a real deployment against the kwok testbed (kubernetes backend, real Trainer and JobSet):
+one deferred TrainJob, and a mapped sweep of 20 deferred TrainJobs held by the one triggerer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from airflow_deployment import Deployment, Testbed
+from airflow_rest import Airflow, wait_for
+
+pytestmark = pytest.mark.e2e
+
+AIRFLOW_LABEL = "airflow.apache.org/"
+
+
+def trainjobs_of(testbed: Testbed, namespace: str, run_id: str) -> list[dict[str, Any]]:
+    from trainflow.core.naming import label_value
+
+    wanted = label_value(run_id)
+    return [
+        j
+        for j in testbed.trainjobs(namespace)
+        if j["metadata"]["labels"].get(f"{AIRFLOW_LABEL}run-id") == wanted
+    ]
+
+
+def test_deferred_trainjob_on_the_cluster(
+    deployment: Deployment, api: Airflow, testbed: Testbed, namespace: str, run_id: str
+) -> None:
+    api.trigger("tf_deploy_kube", run_id, {"namespace": namespace, "delay": "15s"})
+    ti = api.wait_ti_state("tf_deploy_kube", run_id, "train", {"deferred", "success", "failed"}, timeout=240)
+    assert ti["state"] == "deferred", (ti, api.log("tf_deploy_kube", run_id, "train", 1)[-3000:])
+    run = api.wait_run("tf_deploy_kube", run_id, timeout=300)
+    log = api.log("tf_deploy_kube", run_id, "train", 1)
+    assert run["state"] == "success", log[-4000:]
+    jobs = trainjobs_of(testbed, namespace, run_id)
+    assert len(jobs) == 1, [j["metadata"]["name"] for j in jobs]
+    result = api.xcom("tf_deploy_kube", run_id, "train")
+    assert result["state"] == "Complete" and result["name"] == jobs[0]["metadata"]["name"], result
+    assert result["namespace"] == namespace and result["uid"] == jobs[0]["metadata"]["uid"], result
+    conditions = {c["type"]: c["status"] for c in jobs[0]["status"]["conditions"]}
+    assert conditions.get("Complete") == "True", jobs[0]["status"]
+
+
+def test_mapped_sweep_of_20(
+    deployment: Deployment, api: Airflow, testbed: Testbed, namespace: str, run_id: str
+) -> None:
+    """20 mapped tasks, each its own TrainJob (map index in its identity), all waiting in the triggerer."""
+    api.trigger("tf_deploy_sweep", run_id, {"namespace": namespace, "delay": "20s"})
+    seen_deferred: set[int] = set()
+    most_at_once = 0
+
+    def finished() -> dict[str, Any] | None:
+        nonlocal most_at_once
+        deferred = {
+            t["map_index"] for t in api.task_instances("tf_deploy_sweep", run_id) if t["state"] == "deferred"
+        }
+        seen_deferred.update(deferred)
+        most_at_once = max(most_at_once, len(deferred))
+        run = api.run("tf_deploy_sweep", run_id)
+        return run if run["state"] in ("success", "failed") else None
+
+    run = wait_for(finished, 600, "the sweep to finish", interval=1.0)
+    print(f"sweep: {most_at_once} of 20 tasks deferred at once")
+    tis = api.task_instances("tf_deploy_sweep", run_id)
+    states = sorted((t["map_index"], t["state"], t["try_number"]) for t in tis)
+    assert run["state"] == "success", states
+    assert states == [(i, "success", 1) for i in range(20)], states
+    jobs = trainjobs_of(testbed, namespace, run_id)
+    indexes = sorted(int(j["metadata"]["labels"][f"{AIRFLOW_LABEL}map-index"]) for j in jobs)
+    assert indexes == list(range(20)), indexes
+    args = set()
+    for i in range(20):
+        result = api.xcom("tf_deploy_sweep", run_id, "train", map_index=i)
+        assert result["state"] == "Complete", result
+        job = next(j for j in jobs if j["metadata"]["name"] == result["name"])
+        assert job["metadata"]["labels"][f"{AIRFLOW_LABEL}map-index"] == str(i)
+        args.add(tuple(job["spec"]["trainer"]["args"]))
+    assert len(args) == 20, args
+    # every wait went to the triggerer (kwok keeps each pod running 20 s: each deferral is seen)
+    assert seen_deferred == set(range(20)), sorted(seen_deferred)
+    assert most_at_once >= 8, most_at_once
