@@ -102,11 +102,15 @@ reliability-long: setup
 PODS_TESTBED := TRAINFLOW_TESTBED_DIR=$${TRAINFLOW_PODS_TESTBED_DIR:-/tmp/trainflow-pods-run} \
 	TRAINFLOW_TESTBED_PORT_BASE=$${TRAINFLOW_PODS_PORT_BASE:-25380}
 PODS_IMAGES := dist/images/pods
-# The image names the default runtimes reference (Trainer v2.3.0 overlays/runtimes), all from the trainer image.
+# The image names the default runtimes reference (Trainer v2.3.0 overlays/runtimes), all from the trainer image;
+# the KFP step image goes in under its own name (ghcr.io/trainflow/trainflow-kfp:<version>).
 PODS_IMAGE_NAMES := docker.io/pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime
 
-pods-images: setup
+# Builds what it archives (layers cached: a warm rebuild takes about a minute), so a clean clone works too.
+pods-images: setup dist image-tools
+	PYTHONPATH=scripts nice $(RUN) python -m ocibuild build trainer kfp
 	$(MAKE) image-archive IMAGE=trainer NAMES="$(PODS_IMAGE_NAMES)" OUT=$(PODS_IMAGES)/trainer.oci.tar
+	$(MAKE) image-archive IMAGE=kfp OUT=$(PODS_IMAGES)/kfp.oci.tar
 
 e2e-pods: setup
 	@set -e; export $(PODS_TESTBED); \
