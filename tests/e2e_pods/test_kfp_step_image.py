@@ -9,63 +9,36 @@ the same executor input as an Argo retry has, reattaches to that TrainJob instea
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from conftest import REPO, apply_rbac, delete_cluster_role_bindings, trainjobs, wait_until
+from kfp_driver_input import step_container
 
 pytestmark = pytest.mark.e2e
 
-COMPONENT = REPO / "components" / "yaml" / "train_job.yaml"
 RBAC = REPO / "components" / "rbac" / "trainflow-kfp-rbac.yaml"
-TASK_ROOT = (
-    "minio://mlpipeline/v2/artifacts/train/6f1c2a0e-0b7d-4f0e-9d55-0d6c3f7c2b11/train-job/"
-    "0a1b2c3d-1111-4222-8333-944455556666"
-)
+STEP_IMAGE = "ghcr.io/trainflow/trainflow-kfp:0.1.0"
 TRAINER = (
     "import time; from trainflow.core import report; print('training', flush=True); time.sleep(25); "
     "report(metrics={'loss': 0.5}, progress=100); print('trained', flush=True)"
 )
+# No identity arguments, no namespace, no kubeconfig: the pod's service account and namespace decide.
+PARAMETERS = {
+    "runtime": "torch-distributed",
+    "image": STEP_IMAGE,  # the step image has Python and trainflow: it serves as the trainer image too
+    "command": ["python3", "-c", TRAINER],
+    "num_nodes": 1,
+    "timeout": 240.0,
+}
 
 
-def executor_input(image: str) -> dict[str, Any]:
-    """No identity arguments, no namespace, no kubeconfig: the pod's service account and namespace decide."""
-    outputs = {"model": "system.Model", "metrics": "system.Metrics", "summary": "system.Markdown"}
-    return {
-        "inputs": {
-            "parameterValues": {
-                "runtime": "torch-distributed",
-                "image": image,  # the step image has Python and trainflow: it serves as the trainer image too
-                "command": ["python3", "-c", TRAINER],
-                "num_nodes": 1,
-                "timeout": 240.0,
-            }
-        },
-        "outputs": {
-            "artifacts": {
-                name: {
-                    "artifacts": [
-                        {"name": name, "type": {"schemaTitle": title}, "uri": f"{TASK_ROOT}/{name}"}
-                    ]
-                }
-                for name, title in outputs.items()
-            },
-            "parameters": {
-                p: {"outputFile": f"/tmp/kfp/outputs/{p}"} for p in ("job_name", "namespace", "state")
-            },
-            "outputFile": "/tmp/kfp_outputs/output_metadata.json",
-        },
-    }
-
-
-def step_pod(name: str, container: dict[str, Any]) -> client.V1Pod:
-    placeholder = json.dumps(executor_input(container["image"]))
+def step_pod(name: str) -> client.V1Pod:
+    image, command, args = step_container(PARAMETERS)
+    assert image == STEP_IMAGE
     return client.V1Pod(
         metadata=client.V1ObjectMeta(name=name),
         spec=client.V1PodSpec(
@@ -75,10 +48,10 @@ def step_pod(name: str, container: dict[str, Any]) -> client.V1Pod:
             containers=[
                 client.V1Container(
                     name="main",
-                    image=container["image"],
+                    image=image,
                     image_pull_policy="Never",  # imported into the node's containerd by up.sh --pods
-                    command=container["command"],
-                    args=[a.replace("{{$}}", placeholder) for a in container["args"]],
+                    command=command,
+                    args=args,
                 )
             ],
         ),
@@ -100,13 +73,10 @@ def pod_phase(k8s: Any, ns: str, name: str) -> str:
 
 
 def test_compiled_component_in_the_step_image_reattaches_after_a_lost_pod(
-    testbed: Any, k8s: Any, namespace: str, pipeline_runner: Any, tmp_path: Path
+    testbed: Any, k8s: Any, namespace: str, pipeline_runner: Any
 ) -> None:
-    (executor,) = yaml.safe_load(COMPONENT.read_text())["deploymentSpec"]["executors"].values()
-    container = executor["container"]
-    assert container["image"] == "ghcr.io/trainflow/trainflow-kfp:0.1.0"
     t0 = time.monotonic()
-    k8s.core.create_namespaced_pod(namespace, step_pod("step-try-1", container))
+    k8s.core.create_namespaced_pod(namespace, step_pod("step-try-1"))
     (job,) = wait_until(lambda: trainjobs(k8s, namespace), 120, "the step's TrainJob")
     name = job["metadata"]["name"]
     wait_until(
@@ -124,7 +94,7 @@ def test_compiled_component_in_the_step_image_reattaches_after_a_lost_pod(
     k8s.core.delete_namespaced_pod("step-try-1", namespace, grace_period_seconds=0)
     wait_until(lambda: not [p for p in k8s.core.list_namespaced_pod(namespace).items if p.metadata.name == "step-try-1"],
                60, "step-try-1 gone")  # fmt: skip
-    k8s.core.create_namespaced_pod(namespace, step_pod("step-try-2", container))  # the retry
+    k8s.core.create_namespaced_pod(namespace, step_pod("step-try-2"))  # the retry
     wait_until(
         lambda: pod_phase(k8s, namespace, "step-try-2") in ("Succeeded", "Failed"), 300, "step-try-2 done"
     )

@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from kfp_driver_input import OUTPUT_FILE, TASK_ROOT, step_container
+
 REPO = Path(__file__).resolve().parents[2]
 NAME = "ghcr.io/trainflow/trainflow-kfp:0.1.0"
 REQUEST = REPO / "dags_examples" / "requests" / "torch-function.yaml"
@@ -134,64 +136,31 @@ def test_archive_rejects_a_short_name(
     assert not (tmp_path / "x.tar").exists()
 
 
-# Output URIs as the KFP driver provisions them: <root>/<pipeline>/<run id>/<task>/<uuid of this execution>/<name>
-TASK_ROOT = (
-    "minio://mlpipeline/v2/artifacts/train/6f1c2a0e-0b7d-4f0e-9d55-0d6c3f7c2b11/train-job/"
-    "0a1b2c3d-1111-4222-8333-944455556666"
-)
-
-
-def executor_input(volume: str) -> dict[str, Any]:
-    """The train_job step's executor input with no identity arguments, on the local engine (state on a volume)."""
-    outputs = {"model": "system.Model", "metrics": "system.Metrics", "summary": "system.Markdown"}
-    return {
-        "inputs": {
-            "parameterValues": {
-                "runtime": "torch-distributed",
-                "command": ["python3", "-c", "print('trained by the step image')"],
-                "num_nodes": 1,
-                "backend": "local",
-                "backend_config": {"home": f"{volume}/trainflow-home"},
-            }
-        },
-        "outputs": {
-            "artifacts": {
-                name: {
-                    "artifacts": [
-                        {"name": name, "type": {"schemaTitle": title}, "uri": f"{TASK_ROOT}/{name}"}
-                    ]
-                }
-                for name, title in outputs.items()
-            },
-            "parameters": {
-                p: {"outputFile": f"/tmp/kfp/outputs/{p}"} for p in ("job_name", "namespace", "state")
-            },
-            "outputFile": "/tmp/kfp_outputs/output_metadata.json",
-        },
-    }
-
-
 def test_compiled_train_job_runs_in_the_image_and_its_retry_reuses_the_trainjob(
     builds: tuple[dict[str, Any], dict[str, Any], Path], tmp_path: Path
 ) -> None:
     _, _, out = builds
-    (executor,) = yaml.safe_load((REPO / "components/yaml/train_job.yaml").read_text())["deploymentSpec"][
-        "executors"
-    ].values()
-    container = executor["container"]
-    assert container["image"] == NAME
+    image, command, args = step_container(
+        {
+            "runtime": "torch-distributed",
+            "command": ["python3", "-c", "print('trained by the step image')"],
+            "num_nodes": 1,
+            "backend": "local",
+            "backend_config": {"home": "/mnt/volume/trainflow-home"},  # the job's state on a volume
+        }
+    )
+    assert image == NAME
     config = json.loads(_tool(["skopeo", "inspect", "--config", f"oci:{out / 'oci'}:{NAME}"]))["config"]
     _tool(["umoci", "unpack", "--image", f"{out / 'oci'}:{NAME}", str(tmp_path / "bundle")])
     rootfs = tmp_path / "bundle" / "rootfs"
     volume = tmp_path / "volume"  # survives the pod, like a PVC; everything else is the pod's own
     volume.mkdir()
     (rootfs / "mnt" / "volume").mkdir(parents=True)
-    placeholder = json.dumps(executor_input("/mnt/volume"))
-    argv = [a.replace("{{$}}", placeholder) for a in container["command"] + container["args"]]
+    argv = [*command, *args]
 
     def pod() -> tuple[dict[str, Any], str, str]:
         """One container of the step: its own mount and pid namespaces, /dev and /proc, the image's config."""
-        for scratch in ("minio", "tmp/kfp_outputs"):
+        for scratch in ("minio", str(Path(OUTPUT_FILE).parent).lstrip("/")):
             shutil.rmtree(rootfs / scratch, ignore_errors=True)
         step = ["/bin/sh", "-c", f'cd {config["WorkingDir"]} && exec "$@"', "step", *argv]
         script = " && ".join(
@@ -209,7 +178,7 @@ def test_compiled_train_job_runs_in_the_image_and_its_retry_reuses_the_trainjob(
             timeout=300,
         )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        written = json.loads((rootfs / "tmp/kfp_outputs/output_metadata.json").read_text())["parameterValues"]
+        written = json.loads((rootfs / OUTPUT_FILE.lstrip("/")).read_text())["parameterValues"]
         summary = (rootfs / TASK_ROOT.replace("minio://", "minio/") / "summary").read_text()
         return written, proc.stdout, summary
 
