@@ -6,7 +6,7 @@ VENV := .venv
 RUN := $(UV) run --frozen --extra dev --no-sync
 PYTEST_FLAGS ?= -q
 
-.PHONY: setup demo test test-fast test-k8s37 reliability-long lint typecheck fmt components check-components e2e bench bench-full clean \
+.PHONY: setup demo test test-serial test-fast test-k8s37 reliability-long lint typecheck fmt components check-components e2e bench bench-full clean \
 	dist test-dist image-tools images image-archive test-images e2e-pods pods-images e2e-airflow test-airflow-floor \
 	e2e-airflow-conventions
 
@@ -136,7 +136,13 @@ test-airflow-floor: setup
 e2e-airflow-conventions: setup
 	bash tests/airflow_deploy/run.sh --airflow $(AIRFLOW_NEWEST) --suite conventions
 
-test: lint typecheck check-components test-fast test-k8s37 test-dist test-images e2e e2e-airflow test-airflow-floor e2e-pods
+# Every suite: the checks first, the cluster, Airflow and pods suites side by side on their own testbeds while
+# the cold builds run at low priority (scripts/test_all.sh; logs in build/test-logs). test-serial: one by one.
+test: setup
+	bash scripts/test_all.sh
+
+test-serial: lint typecheck check-components test-fast test-k8s37 test-dist test-images e2e e2e-airflow \
+	test-airflow-floor e2e-pods
 
 # Benchmarks against the peers measured in the same run, on their own testbed instance.
 BENCH_TESTBED := TRAINFLOW_TESTBED_DIR=$${TRAINFLOW_BENCH_TESTBED_DIR:-/tmp/trainflow-bench-run} \
