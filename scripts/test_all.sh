@@ -15,7 +15,8 @@ LOGS="${TRAINFLOW_TEST_LOGS:-build/test-logs}"
 rm -rf "$LOGS"; mkdir -p "$LOGS"
 LOGS="$(cd "$LOGS" && pwd)"
 # Prerequisites are made once below; steps must not remake them concurrently (dist is rm + build).
-MK=(make --no-print-directory -o setup -o dist -o image-tools)
+# Every pytest run lists its slowest tests, so the log shows where the time goes.
+MK=(make --no-print-directory -o setup -o dist -o image-tools "PYTEST_FLAGS=-q --durations=12")
 t0=$(date +%s)
 say() { echo "[make test +$(( $(date +%s) - t0 ))s] $*"; }
 
