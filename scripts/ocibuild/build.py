@@ -61,22 +61,38 @@ def created_epoch() -> int:
     return int(os.environ.get("SOURCE_DATE_EPOCH") or _git("log", "-1", "--format=%ct"))
 
 
-def _assign(family: Family, dists: dict[str, pyenv.Dist], deps: set[str]) -> dict[str, set[str]]:
-    """Layer name -> the distributions it holds."""
-    by_role: dict[str, set[str]] = {spec.role: set() for spec in family.layers}
+def _own(ctx: Context, family: Family, spec: LayerSpec) -> set[str]:
+    """What a layer's own requirements add beyond the family's other requirements (role ``own``)."""
+    python = ctx.base.python_version
+    others = [r for r in family.extras_requirements if r not in spec.requirements]
+    return set(pyenv.resolve(spec.requirements, ctx.constraints, python)) - set(
+        pyenv.resolve(others, ctx.constraints, python)
+    )
+
+
+def _assign(
+    family: Family, dists: dict[str, pyenv.Dist], deps: set[str], own: dict[str, set[str]]
+) -> dict[str, set[str]]:
+    """Layer name -> the distributions it holds (``own`` maps a layer of that role to its distributions)."""
+    by_name: dict[str, set[str]] = {spec.name: set() for spec in family.layers}
+    by_role = {spec.role: spec.name for spec in family.layers if spec.role != "own"}
     for name in dists:
+        own_layer = next((layer for layer, names in own.items() if name in names), None)
         if name == "trainflow":
             role = "trainflow"
         elif name in deps:
             role = "deps"
+        elif own_layer is not None:
+            by_name[own_layer].add(name)
+            continue
         elif cuda_dist(name) and "cuda" in by_role:
             role = "cuda"
         else:
             role = "rest"
         if role not in by_role:
             raise SystemExit(f"{name} is installed but family {family.name} has no {role!r} layer")
-        by_role[role].add(name)
-    return {spec.name: by_role[spec.role] for spec in family.layers}
+        by_name[by_role[role]].add(name)
+    return by_name
 
 
 def _extras(stage: Path, spec: LayerSpec) -> list[str]:
@@ -144,7 +160,8 @@ def build_family(ctx: Context, family: Family) -> tuple[dict[str, Layer], dict[s
             pyenv.resolve(FAMILIES["kfp"].requirements(ctx.wheel), ctx.constraints, ctx.base.python_version)
         )
         dists = pyenv.distributions(rootfs)
-        members = _assign(family, dists, deps - {"trainflow"})
+        own = {spec.name: _own(ctx, family, spec) - deps for spec in family.layers if spec.role == "own"}
+        members = _assign(family, dists, deps - {"trainflow"}, own)
         extras = {spec.name: _extras(rootfs, spec) for spec in family.layers}
         skeleton = sorted(p for p, o in pyenv.owners(rootfs, dists).items() if o == pyenv.SKELETON)
         keys: dict[str, str] = {}

@@ -17,12 +17,14 @@ _CUDA = re.compile(r"^(nvidia-.*|cuda-.*|triton)$")
 @dataclass(frozen=True)
 class LayerSpec:
     """A layer of a family: ``deps`` (trainflow[kfp]'s dependencies + venv skeleton), ``cuda`` (CUDA
-    libraries and triton), ``rest`` (what is left: torch and its own dependencies), ``trainflow`` (the
-    wheel) or ``examples`` (files from the repository)."""
+    libraries and triton), ``own`` (what ``requirements`` add beyond the family's other requirements),
+    ``rest`` (what is left: torch and its own dependencies), ``trainflow`` (the wheel) or ``examples``
+    (files from the repository)."""
 
     name: str
     role: str
     comment: str
+    requirements: tuple[str, ...] = ()  # role "own" only
 
 
 @dataclass(frozen=True)
@@ -58,11 +60,13 @@ TRAINFLOW = LayerSpec("trainflow", "trainflow", "trainflow from the built wheel"
 FAMILIES = {
     "torch": Family(
         "torch",
-        ("torch", "numpy"),
+        ("torch", "numpy", "xgboost-cpu"),
         (
             DEPS,
             LayerSpec("cuda", "cuda", "CUDA libraries (nvidia-*, cuda-*) and triton, from PyPI"),
             LayerSpec("torch", "rest", "torch and its remaining dependencies, numpy"),
+            # its own layer, so adding it left the 1.4 GB torch layer's digest as it was
+            LayerSpec("xgboost", "own", "xgboost-cpu (the CPU build of XGBoost) and scipy", ("xgboost-cpu",)),
             TRAINFLOW,
             LayerSpec("examples", "examples", f"dags_examples/example_training.py in /{EXAMPLES_DIR}"),
         ),
@@ -74,10 +78,11 @@ IMAGES = {
     "trainer": ImageSpec(
         "trainer",
         "torch",
-        ("deps", "cuda", "torch", "trainflow"),
+        ("deps", "cuda", "torch", "xgboost", "trainflow"),
         "trainflow-trainer",
         "trainflow trainer",
-        "Python 3.11, torch (PyPI build, CUDA or CPU) and trainflow[kfp]: a trainer image for TrainJobs",
+        "Python 3.11, torch (PyPI build, CUDA or CPU), xgboost-cpu and trainflow[kfp]: a trainer image for "
+        "TrainJobs",
     ),
     "kfp": ImageSpec(
         "kfp",
@@ -90,7 +95,7 @@ IMAGES = {
     "examples": ImageSpec(
         "examples",
         "torch",
-        ("deps", "cuda", "torch", "trainflow", "examples"),
+        ("deps", "cuda", "torch", "xgboost", "trainflow", "examples"),
         "trainflow-examples",
         "trainflow examples",
         "The trainer image plus the example training code (module example_training) on PYTHONPATH",

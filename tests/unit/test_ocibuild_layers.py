@@ -9,6 +9,7 @@ import os
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -115,3 +116,21 @@ def test_rootfs_tar_is_normalized_into_a_layer(tmp_path: Path) -> None:
         tar.extractall(tmp_path / "out", filter="tar")
     assert (tmp_path / "out/usr/bin/z").read_bytes() == b"perl"
     assert normalize_tar_layer(store, tmp_path / "rootfs.tar", rewrite) == blob
+
+
+def test_distributions_are_cut_into_the_family_layers() -> None:
+    """deps, cuda and trainflow by kind; what xgboost-cpu adds beyond torch in its own layer; torch gets the rest."""
+    from ocibuild.build import _assign
+    from ocibuild.recipes import FAMILIES
+
+    names = ["trainflow", "kfp", "pyyaml", "nvidia-cublas-cu13", "triton", "torch", "numpy", "sympy"]
+    dists: dict[str, Any] = dict.fromkeys([*names, "xgboost-cpu", "scipy"])
+    layers = _assign(FAMILIES["torch"], dists, {"kfp", "pyyaml"}, {"xgboost": {"xgboost-cpu", "scipy"}})
+    assert layers == {
+        "deps": {"kfp", "pyyaml"},
+        "cuda": {"nvidia-cublas-cu13", "triton"},
+        "torch": {"torch", "numpy", "sympy"},
+        "xgboost": {"xgboost-cpu", "scipy"},
+        "trainflow": {"trainflow"},
+        "examples": set(),
+    }
