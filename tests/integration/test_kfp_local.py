@@ -308,7 +308,8 @@ def test_restarted_step_reattaches_to_the_running_trainjob(
     env: dict[str, Any], tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     home = env["home"]
-    proc, pids, _log, kwargs = _start_step(tmp_path, home, "delete", sleep=6)
+    # the trainers run long enough for the restarted step (kfp.local start-up, loaded machine) to find them running
+    proc, pids, _log, kwargs = _start_step(tmp_path, home, "delete", sleep=20)
     os.killpg(proc.pid, signal.SIGKILL)  # the step's pod is lost: no chance to cancel anything
     proc.wait(timeout=30)
     (jobdir,) = job_dirs(home)
