@@ -105,8 +105,9 @@ class KubernetesBackend:
     """TrainJobs on a Kubernetes cluster.
 
     Config: ``kubeconfig`` (one file, or several joined by ``:``), ``context``, ``in_cluster``,
-    ``config_dict`` (inline kubeconfig), ``namespace``; ``submit_timeout``: how long a job may stay without
-    JobSet progress before creation-failure events are looked for; ``pod_stuck_timeout``: how long a pod may
+    ``config_dict`` (inline kubeconfig), ``namespace``, ``verify_ssl`` (False: the server's certificate is not
+    checked); ``submit_timeout``: how long a job may stay without JobSet progress before creation-failure
+    events are looked for; ``pod_stuck_timeout``: how long a pod may
     stay unschedulable or unable to start its containers (image pull, missing config) before ``wait`` raises
     TrainJobFailed (the TrainJob is left as it is); ``log_tail_lines``: how much of rank 0's log is scanned
     for metrics when trainerStatus carries none.
@@ -123,6 +124,7 @@ class KubernetesBackend:
         in_cluster: bool | None = None,
         config_dict: Mapping[str, Any] | None = None,
         namespace: str | None = None,
+        verify_ssl: bool = True,
         submit_timeout: float = 300.0,
         pod_stuck_timeout: float = 120.0,
         log_tail_lines: int = 200,
@@ -134,6 +136,7 @@ class KubernetesBackend:
             in_cluster=in_cluster,
             config_dict=config_dict,
             namespace=namespace,
+            verify_ssl=verify_ssl,
         )
         self.namespace = self.cluster.namespace
         self.api = KubeApi(self.cluster, retry_policy)
