@@ -8,7 +8,7 @@ PYTEST_FLAGS ?= -q
 
 .PHONY: setup demo test test-fast test-k8s37 reliability-long lint typecheck fmt components check-components e2e bench bench-full clean \
 	dist test-dist image-tools images image-archive test-images e2e-pods pods-images e2e-airflow test-airflow-floor \
-	e2e-airflow-conventions
+	e2e-airflow-conventions provider-reference
 
 include testbed/testbed.mk
 
@@ -33,6 +33,11 @@ fmt: setup
 # Compiled KFP component YAMLs are generated; CI checks they are up to date.
 components: setup
 	$(RUN) python components/kfp/generate.py
+
+# The parameter reference in the provider README is generated from the operator (checked in make test-fast:
+# tests/airflow/test_airflow_conventions.py).
+provider-reference: setup
+	$(RUN) python providers/airflow/reference.py
 
 check-components: setup
 	@tmp=$$(mktemp -d); $(RUN) python components/kfp/generate.py --out $$tmp >/dev/null && \

@@ -79,14 +79,33 @@ def test_execution_timeout_becomes_an_absolute_deadline() -> None:
     assert TrainJobOperator(task_id="u", function="m:f")._deadline(ctx()) is None
 
 
-def test_actions_are_validated_and_deferrable_defaults_from_config(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_actions_are_validated_at_dag_parse() -> None:
     with pytest.raises(ValueError, match="on_kill_action"):
         TrainJobOperator(task_id="t", function="m:f", on_kill_action="destroy")
     with pytest.raises(ValueError, match="on_finish_action"):
         TrainJobOperator(task_id="t", function="m:f", on_finish_action="archive")
-    assert TrainJobOperator(task_id="t", function="m:f").deferrable is True
-    monkeypatch.setenv("AIRFLOW__TRAINFLOW__DEFAULT_DEFERRABLE", "False")
-    assert TrainJobOperator(task_id="t", function="m:f").deferrable is False
+    with pytest.raises(ValueError, match="log_nodes"):
+        TrainJobOperator(task_id="t", function="m:f", log_nodes="rank0")
+
+
+@pytest.mark.parametrize(
+    ("operators", "trainflow", "expected"),
+    [(None, None, False), ("True", None, True), ("True", "False", False), ("False", "True", True)],
+)
+def test_deferrable_defaults_as_cncf_kubernetes_operators_do(
+    monkeypatch: pytest.MonkeyPatch, operators: str | None, trainflow: str | None, expected: bool
+) -> None:
+    """``deferrable=None``: ``[trainflow] default_deferrable`` if set, else Airflow's own switch (False)."""
+    from trainflow.airflow import TrainJobSensor
+
+    for name, value in (("OPERATORS", operators), ("TRAINFLOW", trainflow)):
+        if value is None:
+            monkeypatch.delenv(f"AIRFLOW__{name}__DEFAULT_DEFERRABLE", raising=False)
+        else:
+            monkeypatch.setenv(f"AIRFLOW__{name}__DEFAULT_DEFERRABLE", value)
+    assert TrainJobOperator(task_id="t", function="m:f").deferrable is expected
+    assert TrainJobOperator(task_id="t", function="m:f", deferrable=not expected).deferrable is not expected
+    assert TrainJobSensor(task_id="s", job_name="j").deferrable is expected
 
 
 def test_on_kill_deletes_even_when_the_interrupted_thread_holds_the_log_lock(
