@@ -6,7 +6,7 @@ VENV := .venv
 RUN := $(UV) run --frozen --extra dev --no-sync
 PYTEST_FLAGS ?= -q
 
-.PHONY: setup demo test test-fast test-k8s37 reliability-long lint typecheck fmt components check-components e2e bench bench-full clean \
+.PHONY: setup demo test test-serial test-fast test-k8s37 reliability-long lint typecheck fmt components check-components e2e bench bench-full clean \
 	dist test-dist image-tools images image-archive test-images e2e-pods pods-images e2e-airflow test-airflow-floor \
 	e2e-airflow-conventions provider-reference
 
@@ -107,11 +107,15 @@ reliability-long: setup
 PODS_TESTBED := TRAINFLOW_TESTBED_DIR=$${TRAINFLOW_PODS_TESTBED_DIR:-/tmp/trainflow-pods-run} \
 	TRAINFLOW_TESTBED_PORT_BASE=$${TRAINFLOW_PODS_PORT_BASE:-25380}
 PODS_IMAGES := dist/images/pods
-# The image names the default runtimes reference (Trainer v2.3.0 overlays/runtimes), all from the trainer image.
+# The image names the default runtimes reference (Trainer v2.3.0 overlays/runtimes), all from the trainer image;
+# the KFP step image goes in under its own name (ghcr.io/trainflow/trainflow-kfp:<version>).
 PODS_IMAGE_NAMES := docker.io/pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime
 
-pods-images: setup
+# Builds what it archives (layers cached: a warm rebuild takes about a minute), so a clean clone works too.
+pods-images: setup dist image-tools
+	PYTHONPATH=scripts nice $(RUN) python -m ocibuild build trainer kfp
 	$(MAKE) image-archive IMAGE=trainer NAMES="$(PODS_IMAGE_NAMES)" OUT=$(PODS_IMAGES)/trainer.oci.tar
+	$(MAKE) image-archive IMAGE=kfp OUT=$(PODS_IMAGES)/kfp.oci.tar
 
 e2e-pods: setup
 	@set -e; export $(PODS_TESTBED); \
@@ -137,7 +141,13 @@ test-airflow-floor: setup
 e2e-airflow-conventions: setup
 	bash tests/airflow_deploy/run.sh --airflow $(AIRFLOW_NEWEST) --suite conventions
 
-test: lint typecheck check-components test-fast test-k8s37 test-dist test-images e2e e2e-airflow test-airflow-floor e2e-pods
+# Every suite: the checks first, the cluster, Airflow and pods suites side by side on their own testbeds while
+# the cold builds run at low priority (scripts/test_all.sh; logs in build/test-logs). test-serial: one by one.
+test: setup
+	bash scripts/test_all.sh
+
+test-serial: lint typecheck check-components test-fast test-k8s37 test-dist test-images e2e e2e-airflow \
+	test-airflow-floor e2e-pods
 
 # Benchmarks against the peers measured in the same run, on their own testbed instance.
 BENCH_TESTBED := TRAINFLOW_TESTBED_DIR=$${TRAINFLOW_BENCH_TESTBED_DIR:-/tmp/trainflow-bench-run} \

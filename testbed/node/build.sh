@@ -27,18 +27,22 @@ stage_manifests() {
   touch "$m/.complete"
 }
 
+install_debs() {
+  local p missing=""
+  for p in $NODE_DEB_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing+=" $p"; done
+  [ -z "$missing" ] && return 0
+  log "installing Debian packages:$missing"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing; } >&2 \
+    || die "apt-get install$missing failed"
+}
+# --deps: only the Debian packages (make test installs every suite's packages first: apt allows one at a time)
+if [ "${1:-}" = "--deps" ]; then install_debs; exit 0; fi
+
 if [ -f "$OUT/.complete" ]; then
   stage_manifests
   echo "$OUT"; exit 0
 fi
-
-missing=""
-for p in $NODE_DEB_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing+=" $p"; done
-if [ -n "$missing" ]; then
-  log "installing Debian packages:$missing"
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing; } >&2 \
-    || die "apt-get install$missing failed"
-fi
+install_debs
 
 mkdir -p "$OUT/cni" "$GOMODCACHE" "$GOCACHE" "$GOPATH"
 start=$(date +%s)
