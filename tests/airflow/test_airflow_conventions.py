@@ -242,3 +242,23 @@ def test_disable_verify_ssl_reaches_the_kubernetes_client(tmp_path: Path) -> Non
     cluster = load_cluster_config(kubeconfig=str(kubeconfig), verify_ssl=False)
     assert cluster.sync_configuration().verify_ssl is False
     assert asyncio.run(cluster.async_configuration()).verify_ssl is False
+
+
+def test_a_rendered_output_uri_is_recorded_through_the_alias() -> None:
+    """At run time templates are rendered, so the alias outlet (not the argument) says the event is ours."""
+    from airflow.sdk import Asset, AssetAlias
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+
+    from trainflow.airflow.lineage import OUTPUT_ALIAS, record_output
+
+    templated = _operator(output_uri="s3://b/{{ run_id }}")
+    templated.output_uri = "s3://b/r1"  # as rendered
+    events = OutletEventAccessors()
+    record_output({"outlet_events": events}, templated.outlets, "s3://b/r1")
+    added = events[AssetAlias(OUTPUT_ALIAS)].asset_alias_events
+    assert [e.dest_asset_key.uri for e in added] == ["s3://b/r1"], added
+    static = _operator(output_uri="s3://b/model")
+    events = OutletEventAccessors()
+    record_output({"outlet_events": events}, static.outlets, "s3://b/model")  # Airflow records Asset outlets
+    assert not events[AssetAlias(OUTPUT_ALIAS)].asset_alias_events
+    assert static.outlets == [Asset("s3://b/model")]

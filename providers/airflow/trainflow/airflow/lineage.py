@@ -36,15 +36,16 @@ def declare(
     return [*inlets, *added_in], [*outlets, *added_out]
 
 
-def record_output(context: Mapping[str, Any], declared_output: Any, output_uri: str | None) -> None:
-    """On success: the run's output becomes an asset event (unless it was a parse-time outlet already)."""
-    if not output_uri or literal(declared_output) is not None:
-        return
+def record_output(context: Mapping[str, Any], outlets: list[Any], output_uri: str | None) -> None:
+    """On success: the run's output becomes an asset event through the alias, when the task declared it (a
+    parse-time ``Asset`` outlet gets its event from Airflow). Decided by the outlets, not the argument: by now
+    templates are rendered, so a templated ``output_uri`` reads like a literal one."""
     from airflow.sdk import Asset, AssetAlias
 
+    alias = AssetAlias(OUTPUT_ALIAS)
     events = context.get("outlet_events")
-    if events is not None:
-        events[AssetAlias(OUTPUT_ALIAS)].add(Asset(output_uri))
+    if output_uri and events is not None and alias in outlets:
+        events[alias].add(Asset(output_uri))
 
 
 def ol_dataset_name(uri: str) -> tuple[str, str]:

@@ -31,7 +31,7 @@ class TrainJobOutcomes:
         durable: bool
         on_kill_action: str
         on_finish_action: str
-        output_uri: Any
+        outlets: list[Any]
         _trainjob_ref: dict[str, Any] | None
 
         def get_backend(self) -> Backend: ...
@@ -105,7 +105,7 @@ class TrainJobOutcomes:
             result.output_uri,
         )
         output = self.request_fields().get("output_uri")
-        lineage.record_output(context, self.output_uri, output if isinstance(output, str) else None)
+        lineage.record_output(context, self.outlets, output if isinstance(output, str) else None)
         return self._task_return(context, result)
 
     def _task_return(self, context: Context, result: TrainJobResult) -> Any:
