@@ -195,11 +195,18 @@ async def test_streaming_triggers_leave_the_default_executor_alone(
     short = submit(local_backend, "trig/short", seconds=2, lines=5)
     lines: dict[str, list[str]] = {}
 
+    class Log:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def info(self, msg: str, *args: object) -> None:
+            lines.setdefault(self.name, []).append(msg % args)
+
+        warning = exception = debug = info
+
     def streaming(ref) -> TrainJobTrigger:
         trigger = make_trigger(trainflow_home, ref, stream_logs=True, max_log_lines=100)
-        trigger.log = type(
-            "Log", (), {"info": lambda _, msg, *a: lines.setdefault(ref.name, []).append(msg % a)}
-        )()
+        trigger._log = Log(ref.name)  # LoggingMixin's logger, read through the ``log`` property
         return trigger
 
     waits = [asyncio.ensure_future(first_and_only_event(streaming(r), timeout=300)) for r in longs]
@@ -215,3 +222,5 @@ async def test_streaming_triggers_leave_the_default_executor_alone(
     assert all(lines.get(r.name) for r in longs) and not any(w.done() for w in waits)
     for w in waits:
         w.cancel()
+    for ref in longs:
+        local_backend.cancel(ref)
