@@ -152,3 +152,26 @@ def test_on_kill_deletes_even_when_the_interrupted_thread_holds_the_log_lock(
             break
         threading.Event().wait(0.05)
     assert lines == ["Task killed: deleted TrainJob ns/job-1: True"]
+
+
+def test_resuming_builds_a_backend_only_to_delete(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``execute_complete`` returns the trigger's result without a backend (building a kubernetes one cost
+    2-3 CPU-s per resumed task); ``on_finish_action="delete"`` builds it, to delete."""
+    from trainflow.core.result import JobState, TrainJobResult
+
+    built: list[str] = []
+    deleted: list[str] = []
+
+    def get_backend(self: TrainJobOperator) -> SimpleNamespace:
+        built.append(self.task_id)
+        return SimpleNamespace(cancel=lambda ref: deleted.append(ref.name) or True)
+
+    monkeypatch.setattr(TrainJobOperator, "get_backend", get_backend)
+    result = TrainJobResult(name="job", namespace="ns", state=JobState.COMPLETE).to_dict()
+    event = {"status": "success", "name": "job", "namespace": "ns", "result": result}
+    kept = TrainJobOperator(task_id="keep", function="m:f")
+    assert kept.execute_complete(ctx(), event)["name"] == "job"  # type: ignore[arg-type]
+    assert built == [] and deleted == []
+    gone = TrainJobOperator(task_id="delete", function="m:f", on_finish_action="delete")
+    assert gone.execute_complete(ctx(), event)["state"] == "Complete"  # type: ignore[arg-type]
+    assert built == ["delete"] and deleted == ["job"]
