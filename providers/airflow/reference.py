@@ -3,7 +3,7 @@
 Every argument of the operator's signature (and the connection arguments of its base class): type, default,
 whether it is templated, and what it does (request arguments: the TrainJobRequest field's description;
 the others: the class docstring's ``:param:``). ``python providers/airflow/reference.py`` rewrites the table
-between the markers; ``--check`` fails when the README is stale (tests/airflow/test_airflow_reference.py).
+between the markers; ``--check`` fails when the README is stale (also checked in tests/airflow/test_airflow_conventions.py).
 """
 
 from __future__ import annotations
