@@ -102,9 +102,7 @@ def build_pipeline(
             labels={"app.kubernetes.io/part-of": "trainflow-example"},
             backend=backend,
             backend_config=backend_config or {},
-            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-            task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
-            timeout=1800.0,
+            timeout=1800.0,  # no identity arguments: a retried step finds its TrainJob by its output folder
         )
         train.set_caching_options(False)
         scored = evaluate_op(model=train.outputs["model"])

@@ -15,7 +15,8 @@ LOGS="${TRAINFLOW_TEST_LOGS:-build/test-logs}"
 rm -rf "$LOGS"; mkdir -p "$LOGS"
 LOGS="$(cd "$LOGS" && pwd)"
 # Prerequisites are made once below; steps must not remake them concurrently (dist is rm + build).
-MK=(make --no-print-directory -o setup -o dist -o image-tools)
+# Every pytest run lists its slowest tests, so the log shows where the time goes.
+MK=(make --no-print-directory -o setup -o dist -o image-tools "PYTEST_FLAGS=-q --durations=12")
 t0=$(date +%s)
 say() { echo "[make test +$(( $(date +%s) - t0 ))s] $*"; }
 
@@ -41,11 +42,13 @@ await() { # marker: waits for a build marker; fails when the build failed
   done
 }
 
-lane_checks() {
-  step lint "${MK[@]}" lint && step typecheck "${MK[@]}" typecheck && step check-components "${MK[@]}" check-components \
-    && step test-fast "${MK[@]}" test-fast && step test-k8s37 "${MK[@]}" test-k8s37 \
-    && step test-dist "${MK[@]}" test-dist && step test-images "${MK[@]}" test-images \
-    && await control-plane && step e2e "${MK[@]}" e2e
+lane_checks() { # every step runs even after a failure, so one CI run reports every broken suite
+  local rc=0 t
+  for t in lint typecheck check-components test-fast test-k8s37 test-dist test-images; do
+    step "$t" "${MK[@]}" "$t" || rc=1
+  done
+  await control-plane && step e2e "${MK[@]}" e2e || rc=1
+  return $rc
 }
 lane_build_go() {
   { step build-control-plane bash testbed/build.sh && mark control-plane; } || { mark control-plane-failed; return 1; }
@@ -55,10 +58,13 @@ lane_build_images() {
   { step pods-images "${MK[@]}" pods-images && mark images; } || { mark images-failed; return 1; }
 }
 lane_airflow() {
+  local rc=0
   await control-plane || return 1
   # its own kwok testbed instance, so it never shares (or stops) the e2e lane's
   TRAINFLOW_TESTBED_DIR=/tmp/trainflow-airflow-testbed TRAINFLOW_TESTBED_PORT_BASE=24380 \
-    step e2e-airflow "${MK[@]}" e2e-airflow && step test-airflow-floor "${MK[@]}" test-airflow-floor
+    step e2e-airflow "${MK[@]}" e2e-airflow || rc=1
+  step test-airflow-floor "${MK[@]}" test-airflow-floor || rc=1
+  return $rc
 }
 lane_pods() {
   await node && await images || return 1

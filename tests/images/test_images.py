@@ -1,5 +1,6 @@
 """make images: the KFP step image built twice (shared cache, then from scratch) has one digest, independent
-OCI tools read it, and trainflow runs inside it from the image's own config; archives name it for containerd.
+OCI tools read it, and trainflow runs inside it from the image's own config; archives name it for containerd;
+the compiled ``train_job`` component's own container command runs in it.
 
 Needs root (mmdebstrap, chroot) and umoci/skopeo (make image-tools). Run by ``make test-images``.
 """
@@ -11,6 +12,7 @@ import io
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -19,6 +21,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from kfp_driver_input import OUTPUT_FILE, TASK_ROOT, step_container
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = "ghcr.io/trainflow/trainflow-kfp:0.1.0"
@@ -137,6 +141,62 @@ def test_archive_rejects_a_short_name(
     assert proc.returncode == 2
     assert "not fully qualified" in proc.stderr and "docker.io/pytorch/pytorch" in proc.stderr
     assert not (tmp_path / "x.tar").exists()
+
+
+def test_compiled_train_job_runs_in_the_image_and_its_retry_reuses_the_trainjob(
+    builds: tuple[dict[str, Any], dict[str, Any], Path], tmp_path: Path
+) -> None:
+    _, _, out = builds
+    image, command, args = step_container(
+        {
+            "runtime": "torch-distributed",
+            "command": ["python3", "-c", "print('trained by the step image')"],
+            "num_nodes": 1,
+            "backend": "local",
+            "backend_config": {"home": "/mnt/volume/trainflow-home"},  # the job's state on a volume
+        }
+    )
+    assert image == NAME
+    config = json.loads(_tool(["skopeo", "inspect", "--config", f"oci:{out / 'oci'}:{NAME}"]))["config"]
+    _tool(["umoci", "unpack", "--image", f"{out / 'oci'}:{NAME}", str(tmp_path / "bundle")])
+    rootfs = tmp_path / "bundle" / "rootfs"
+    volume = tmp_path / "volume"  # survives the pod, like a PVC; everything else is the pod's own
+    volume.mkdir()
+    (rootfs / "mnt" / "volume").mkdir(parents=True)
+    argv = [*command, *args]
+
+    def pod() -> tuple[dict[str, Any], str, str]:
+        """One container of the step: its own mount and pid namespaces, /dev and /proc, the image's config."""
+        for scratch in ("minio", str(Path(OUTPUT_FILE).parent).lstrip("/")):
+            shutil.rmtree(rootfs / scratch, ignore_errors=True)
+        step = ["/bin/sh", "-c", f'cd {config["WorkingDir"]} && exec "$@"', "step", *argv]
+        script = " && ".join(
+            [
+                f"mount --rbind /dev {rootfs}/dev",
+                f"mount -t proc proc {rootfs}/proc",
+                f"mount --bind {volume} {rootfs}/mnt/volume",
+                f"exec chroot {rootfs} /usr/bin/env -i {shlex.join([*config['Env'], *step])}",
+            ]
+        )
+        proc = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "sh", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        written = json.loads((rootfs / OUTPUT_FILE.lstrip("/")).read_text())["parameterValues"]
+        summary = (rootfs / TASK_ROOT.replace("minio://", "minio/") / "summary").read_text()
+        return written, proc.stdout, summary
+
+    outputs, first, summary = pod()
+    name = outputs["job_name"]
+    assert outputs == {"job_name": name, "namespace": "default", "state": "Complete"}
+    assert name.startswith("train-job-") and f"Submitted TrainJob default/{name} (attempt 1)" in first
+    assert summary.startswith(f"## TrainJob `default/{name}`: Complete")
+    again, second, _ = pod()  # the retried pod: same executor input, fresh container
+    assert again == outputs and f"TrainJob default/{name} already completed" in second
+    assert [p.name for p in (volume / "trainflow-home" / "jobs" / "default").iterdir()] == [name]
 
 
 def _tool(cmd: list[str]) -> str:

@@ -6,6 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from kfp import compiler, components
 
@@ -13,6 +14,10 @@ from trainflow.kfp.compile import compile_all
 
 REPO = Path(__file__).resolve().parents[2]
 YAML_DIR = REPO / "components" / "yaml"
+sys.path.insert(0, str(REPO / "scripts"))
+from ocibuild.recipes import IMAGES  # noqa: E402  (the image builder names the step image)
+
+STEP_IMAGE = IMAGES["kfp"].default_name
 
 
 def load_example():
@@ -62,12 +67,32 @@ def test_train_job_yaml_interface_and_round_trip() -> None:
     assert outs["artifacts"]["model"]["artifactType"]["schemaTitle"] == "system.Model"
     assert outs["artifacts"]["metrics"]["artifactType"]["schemaTitle"] == "system.Metrics"
     assert set(outs["parameters"]) == {"job_name", "namespace", "state"}
+    assert outs["artifacts"]["summary"]["artifactType"]["schemaTitle"] == "system.Markdown"
     executor = doc["deploymentSpec"]["executors"]["exec-train-job"]["container"]
-    assert executor["image"] == "python:3.11-slim"
     assert "from trainflow.kfp.runner import run_train_job" in "\n".join(executor["command"])
     # users load it as a reusable component
     loaded = components.load_component_from_file(str(YAML_DIR / "train_job.yaml"))
     assert loaded.name == "train-job"
+
+
+def test_components_run_the_step_image_and_install_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainflow.kfp.components import IMAGE_ENV, make_train_job_component
+
+    for path in sorted(YAML_DIR.glob("*.yaml")):
+        (executor,) = yaml.safe_load(path.read_text())["deploymentSpec"]["executors"].values()
+        script = " ".join(executor["container"]["command"])
+        assert executor["container"]["image"] == STEP_IMAGE == "ghcr.io/trainflow/trainflow-kfp:0.1.0", path
+        assert "pip" not in script and "_KFP_RUNTIME=true python3 -m kfp.dsl.executor_main" in script, path
+    # a mirror: the environment for the default components, --image for the YAMLs, or the factory argument
+    mirror = "registry.example.com/ml/trainflow-kfp:0.1.0"
+    monkeypatch.setenv(IMAGE_ENV, mirror)
+    compiler.Compiler().compile(make_train_job_component(), str(tmp_path / "env.yaml"))
+    assert f"image: {mirror}" in (tmp_path / "env.yaml").read_text()
+    for path in compile_all(tmp_path / "yamls", image="mirror.example/step:1"):
+        assert "image: mirror.example/step:1" in path.read_text() and "trainflow-kfp" not in path.read_text()
+    assert compile_all(tmp_path / "default")[0].read_text() == (YAML_DIR / "get_train_job.yaml").read_text()
 
 
 def test_task_config_passthroughs_in_ir() -> None:
@@ -85,8 +110,7 @@ def test_example_pipeline_compiles(tmp_path: Path) -> None:
     tasks = doc["root"]["dag"]["tasks"]
     assert {"train-job", "evaluate", "condition-branches-1"} <= set(tasks)
     train = tasks["train-job"]["inputs"]["parameters"]
-    assert train["run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
-    assert train["task_name"]["runtimeValue"]["constant"] == "{{$.pipeline_task_name}}"
+    assert not {"run_id", "task_name", "idempotency_key", "name"} & set(train)  # no identity boilerplate
     assert train["function"]["runtimeValue"]["constant"] == "example_training:train_regression"
     assert "promote" in out.read_text() and "reject" in out.read_text()
     # the examples image (make images) has kfp and trainflow: no step pip-installs anything at start

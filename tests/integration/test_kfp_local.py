@@ -200,6 +200,8 @@ def test_wait_train_job_for_a_job_created_elsewhere(env: dict[str, Any]) -> None
     task = op(job_name=ref.name, backend="local", backend_config=env["backend_config"], timeout=120.0)
     assert task.outputs["state"] == "Complete"
     assert json.loads(task.outputs["result"])["name"] == "made-elsewhere"
+    summary = Path(task.outputs["summary"].path).read_text()
+    assert summary.startswith("## TrainJob `default/made-elsewhere`: Complete")
 
 
 STEP_SCRIPT = """

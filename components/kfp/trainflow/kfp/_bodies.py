@@ -12,6 +12,7 @@ from kfp import dsl
 def train_job(
     model: dsl.Output[dsl.Model],
     metrics: dsl.Output[dsl.Metrics],
+    summary: dsl.Output[dsl.Markdown],
     task_config: dsl.TaskConfig,
     runtime: str = "torch-distributed",
     runtime_kind: str = "ClusterTrainingRuntime",
@@ -45,28 +46,38 @@ def train_job(
     stream_logs: bool = True,
     extra: Optional[dict] = None,
     backend_config: Optional[dict] = None,
+    dashboard_url_template: Optional[str] = None,
     dataset: Optional[dsl.Input[dsl.Dataset]] = None,
 ) -> NamedTuple("TrainJobOutputs", [("job_name", str), ("namespace", str), ("state", str)]):
-    """Run a Kubeflow Trainer TrainJob (or reattach to it on retry), wait, and publish Model and Metrics.
+    """Run a Kubeflow Trainer TrainJob (or reattach to it on retry), wait, and publish Model, Metrics and a
+    Markdown summary.
 
-    run_id/task_name (pass dsl.PIPELINE_JOB_ID_PLACEHOLDER / dsl.PIPELINE_TASK_NAME_PLACEHOLDER) make the
-    TrainJob name deterministic. SIGTERM deletes the TrainJob unless on_cancel='keep'. A Failed TrainJob
-    fails the step.
+    The TrainJob's identity comes from the step's output artifact folder (one per run and task, the same on
+    retries) unless idempotency_key, name or run_id/task_name are given. SIGTERM deletes the TrainJob unless
+    on_cancel='keep'. A Failed TrainJob fails the step.
     """
-    params = {k: v for k, v in locals().items() if k not in ("model", "metrics", "dataset", "task_config")}
+    params = {
+        k: v
+        for k, v in locals().items()
+        if k not in ("model", "metrics", "summary", "dataset", "task_config")
+    }
     from trainflow.kfp.runner import run_train_job
 
-    return run_train_job(params, model=model, metrics=metrics, dataset=dataset, task_config=task_config)
+    return run_train_job(
+        params, model=model, metrics=metrics, dataset=dataset, task_config=task_config, summary=summary
+    )
 
 
 def wait_train_job(
     metrics: dsl.Output[dsl.Metrics],
+    summary: dsl.Output[dsl.Markdown],
     job_name: str,
     namespace: Optional[str] = None,
     backend: str = "kubernetes",
     backend_config: Optional[dict] = None,
     timeout: Optional[float] = None,
     on_cancel: str = "keep",
+    dashboard_url_template: Optional[str] = None,
 ) -> NamedTuple("TrainJobStatus", [("state", str), ("result", str)]):
     """Wait for a TrainJob created elsewhere; fail when it fails. on_cancel='delete' deletes it on SIGTERM."""
     from trainflow.kfp.runner import wait_for_train_job
@@ -79,6 +90,8 @@ def wait_train_job(
         timeout=timeout,
         on_cancel=on_cancel,
         metrics=metrics,
+        summary=summary,
+        dashboard_url_template=dashboard_url_template,
     )
 
 

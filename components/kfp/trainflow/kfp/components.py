@@ -1,20 +1,36 @@
 """KFP v2 components that run Kubeflow Trainer TrainJobs: train_job, wait_train_job, get_train_job.
 
 Each component body is a shim: KFP embeds only the function source, so the body imports
-``trainflow.kfp.runner`` inside the container (the image or ``packages_to_install`` must provide trainflow).
-Use the ``make_*_component`` factories to choose the base image and what gets pip-installed.
+``trainflow.kfp.runner`` inside the container. The default image is trainflow's KFP step image (``make images``),
+which has trainflow and kfp installed: nothing is installed when a step starts. The ``make_*_component``
+factories choose another image, or packages to pip-install at start.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from importlib import metadata
 from typing import Any
 
 from kfp import dsl
 from trainflow.kfp import _bodies
 
-DEFAULT_BASE_IMAGE = "python:3.11-slim"
-DEFAULT_PACKAGES: tuple[str, ...] = ("trainflow[kfp]==0.1.0",)
+IMAGE_REPOSITORY = "ghcr.io/trainflow/trainflow-kfp"
+IMAGE_ENV = "TRAINFLOW_KFP_IMAGE"  # a mirror of the step image, for the default components
+
+
+def published_image() -> str:
+    """The name ``make images`` gives the KFP step image of this trainflow version (docs/images.md)."""
+    return f"{IMAGE_REPOSITORY}:{metadata.version('trainflow')}"
+
+
+def default_image() -> str:
+    """``$TRAINFLOW_KFP_IMAGE`` when set (the step image pushed to your registry), else the published name."""
+    return os.environ.get(IMAGE_ENV, "").strip() or published_image()
+
+
+DEFAULT_PACKAGES: tuple[str, ...] = ()  # the step image has trainflow[kfp]: nothing to install at start
 
 # TaskConfig fields forwarded to the TrainJob by the default train_job component. Nothing changes unless the
 # pipeline sets them on the task (set_cpu_limit, add_toleration, ...): that is the opt-in. ENV and VOLUMES
@@ -49,16 +65,17 @@ def _decorate(
 
 
 def make_train_job_component(
-    base_image: str = DEFAULT_BASE_IMAGE,
+    base_image: str | None = None,
     packages_to_install: Sequence[str] | None = DEFAULT_PACKAGES,
-    install_kfp_package: bool = True,
+    install_kfp_package: bool = False,
     pip_index_urls: Sequence[str] | None = None,
     task_config_passthroughs: Sequence[Any] | None = DEFAULT_PASSTHROUGHS,
 ) -> Any:
-    """The train_job component for an image: an image with trainflow installed needs packages_to_install=()."""
+    """The train_job component for an image (default: ``default_image()``). An image without trainflow needs
+    ``packages_to_install=["trainflow[kfp]==<version>"]`` and ``install_kfp_package=True``."""
     return _decorate(
         _bodies.train_job,
-        base_image=base_image,
+        base_image=base_image or default_image(),
         packages_to_install=packages_to_install,
         install_kfp_package=install_kfp_package,
         pip_index_urls=pip_index_urls,
@@ -67,14 +84,14 @@ def make_train_job_component(
 
 
 def make_wait_train_job_component(
-    base_image: str = DEFAULT_BASE_IMAGE,
+    base_image: str | None = None,
     packages_to_install: Sequence[str] | None = DEFAULT_PACKAGES,
-    install_kfp_package: bool = True,
+    install_kfp_package: bool = False,
     pip_index_urls: Sequence[str] | None = None,
 ) -> Any:
     return _decorate(
         _bodies.wait_train_job,
-        base_image=base_image,
+        base_image=base_image or default_image(),
         packages_to_install=packages_to_install,
         install_kfp_package=install_kfp_package,
         pip_index_urls=pip_index_urls,
@@ -82,14 +99,14 @@ def make_wait_train_job_component(
 
 
 def make_get_train_job_component(
-    base_image: str = DEFAULT_BASE_IMAGE,
+    base_image: str | None = None,
     packages_to_install: Sequence[str] | None = DEFAULT_PACKAGES,
-    install_kfp_package: bool = True,
+    install_kfp_package: bool = False,
     pip_index_urls: Sequence[str] | None = None,
 ) -> Any:
     return _decorate(
         _bodies.get_train_job,
-        base_image=base_image,
+        base_image=base_image or default_image(),
         packages_to_install=packages_to_install,
         install_kfp_package=install_kfp_package,
         pip_index_urls=pip_index_urls,
@@ -103,7 +120,7 @@ FACTORIES = {
 }
 
 
-# Default instances (base image DEFAULT_BASE_IMAGE, trainflow pip-installed at run time).
+# Default instances: the KFP step image (or $TRAINFLOW_KFP_IMAGE), nothing installed at run time.
 train_job = make_train_job_component()
 wait_train_job = make_wait_train_job_component()
 get_train_job = make_get_train_job_component()

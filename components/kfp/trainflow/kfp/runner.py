@@ -15,13 +15,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trainflow.kfp.artifacts import ArtifactLike, dataset_field, log_metrics, publish
+from trainflow.kfp import summary as step_summary
+from trainflow.kfp.artifacts import ArtifactLike, dataset_field, log_metrics, publish, result_metadata
 from trainflow.kfp.cancellation import cancel_on_sigterm
 from trainflow.kfp.params import build_request_fields, clean, identity_key, invalid, resolved
 from trainflow.kfp.steplog import fail, log
 from trainflow.kfp.task_config import WORKSPACE_MOUNT, apply_task_config, workspace_volume
 
-STEP_ONLY = ("run_id", "task_name", "timeout", "on_cancel", "stream_logs")  # not part of the identity
+# not part of the identity: how the step waits and reports, not what the TrainJob is
+STEP_ONLY = ("run_id", "task_name", "timeout", "on_cancel", "stream_logs", "dashboard_url_template")
 
 
 def _backend(backend: str, namespace: str | None, backend_config: Mapping[str, Any] | None) -> Any:
@@ -72,9 +74,16 @@ def _print_logs(be: Any, ref: Any, tail: int = 50) -> None:
 
 
 def request_fields(
-    params: Mapping[str, Any], dataset: ArtifactLike | None, task_config: Any | None
+    params: Mapping[str, Any],
+    dataset: ArtifactLike | None,
+    task_config: Any | None,
+    artifact_uri: str | None = None,
 ) -> dict[str, Any]:
-    """Every input of the step as request fields, with the retry-stable identity; InvalidRequest if none."""
+    """Every input of the step as request fields, with the retry-stable identity; InvalidRequest if none.
+
+    ``artifact_uri`` is one of the step's output artifact URIs: without explicit keys the identity comes from
+    its folder (``params.identity_key``).
+    """
     fields = build_request_fields(params)
     if task_config is not None and params.get("forward_task_config", True):
         fields = apply_task_config(fields, task_config)
@@ -93,6 +102,7 @@ def request_fields(
         run_id=params.get("run_id"),
         task_name=params.get("task_name"),
         params={k: v for k, v in params.items() if k not in STEP_ONLY},
+        artifact_uri=artifact_uri,
     )
     if key and not fields.get("name"):
         fields["idempotency_key"] = key
@@ -100,8 +110,8 @@ def request_fields(
         raise invalid(
             "run_id",
             "no identity for the TrainJob: a retried step would start a second job",
-            "pass run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER and task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER "
-            "(or idempotency_key, or name)",
+            "run it as a KFP step (its output artifacts identify it), or pass idempotency_key, name, or "
+            "run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER and task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER",
         )
     if pvc is not None and not fields.get("output_uri"):
         ws = resolved(params.get("workspace_path")) or WORKSPACE_MOUNT
@@ -118,15 +128,17 @@ def run_train_job(
     metrics: Any | None = None,
     dataset: ArtifactLike | None = None,
     task_config: Any | None = None,
+    summary: ArtifactLike | None = None,
 ) -> tuple[str, str, str]:
-    """Run (or reattach to) one TrainJob and fill the Model/Metrics artifacts; returns (name, namespace, state).
-
-    Bad input fails the step (naming the field) before anything is submitted; a Failed job exits non-zero.
+    """Run (or reattach to) one TrainJob and fill the Model/Metrics/summary artifacts; returns (name, namespace,
+    state). Bad input fails the step (naming the field) before anything is submitted; a Failed job exits 1.
     """
     from trainflow.core import InvalidRequest
 
     try:
-        return _run_train_job(params, model=model, metrics=metrics, dataset=dataset, task_config=task_config)
+        return _run_train_job(
+            params, model=model, metrics=metrics, dataset=dataset, task_config=task_config, summary=summary
+        )
     except InvalidRequest as exc:
         raise fail(f"{exc}; nothing was submitted") from None
 
@@ -138,6 +150,7 @@ def _run_train_job(
     metrics: Any | None,
     dataset: ArtifactLike | None,
     task_config: Any | None,
+    summary: ArtifactLike | None,
 ) -> tuple[str, str, str]:
     from trainflow.core import TrainJobFailed, WaitTimeout, parse_request
     from trainflow.core.lifecycle import launch
@@ -149,7 +162,11 @@ def _run_train_job(
     timeout = clean(params.get("timeout"))
     if timeout is not None and timeout <= 0:
         raise invalid("timeout", f"{timeout} is not positive", "give seconds > 0, or leave it unset")
-    request = parse_request(request_fields(params, dataset, task_config))
+    request = parse_request(
+        request_fields(
+            params, dataset, task_config, getattr(model, "uri", None) or getattr(metrics, "uri", None)
+        )
+    )
     be = _backend(
         clean(params.get("backend")) or "kubernetes",
         clean(params.get("namespace")),
@@ -208,8 +225,25 @@ def _run_train_job(
         raise fail(f"TrainJob {ref} ended {result.state.value}: {result.reason or ''} {result.message or ''}")
     log(f"TrainJob {ref} Complete; metrics={json.dumps(result.metrics, sort_keys=True)}")
     publish(result, launched.runtime, result.output_uri or request.output_uri, model, metrics)
-    log(f"step done in {time.monotonic() - started:.1f}s")
+    link = _summarize(
+        summary,
+        result,
+        template=params.get("dashboard_url_template"),
+        launched=launched.summary,
+        framework=result_metadata(result, launched.runtime).get("framework"),
+        model=model.metadata if model is not None else None,
+    )
+    log(f"step done in {time.monotonic() - started:.1f}s" + (f"; TrainJob page: {link}" if link else ""))
     return result.name, result.namespace, result.state.value
+
+
+def _summarize(summary: ArtifactLike | None, result: Any, *, template: str | None, **details: Any) -> str:
+    """Write the Markdown summary artifact; returns the dashboard link ("" without a template)."""
+    from trainflow.core.links import dashboard_url
+
+    link = dashboard_url(step_summary.dashboard_template(template), result.name, result.namespace, result.uid)
+    step_summary.write(summary, step_summary.render(result, link=link, **details))
+    return link
 
 
 def wait_for_train_job(
@@ -221,6 +255,8 @@ def wait_for_train_job(
     timeout: float | None,
     on_cancel: str,
     metrics: Any | None = None,
+    summary: ArtifactLike | None = None,
+    dashboard_url_template: str | None = None,
 ) -> tuple[str, str]:
     """Wait on a TrainJob created elsewhere; fail the step when it fails. Returns (state, result JSON)."""
     from trainflow.core import InvalidRequest, TrainJobFailed, TrainJobNotFound, WaitTimeout
@@ -247,6 +283,7 @@ def wait_for_train_job(
             _print_logs(be, job_name)
             raise fail(str(exc)) from None
     log_metrics(metrics, result.metrics)
+    _summarize(summary, result, template=dashboard_url_template)
     log(f"TrainJob {result.namespace}/{result.name} {result.state.value}")
     return result.state.value, json.dumps(result.to_dict(), sort_keys=True)
 

@@ -15,13 +15,11 @@ def dashboard_template() -> str:
 
 
 def format_link(template: str, ref: dict[str, Any] | None) -> str:
-    if not template or not ref or not ref.get("name"):
+    if not template or not ref:
         return ""
-    values = {"name": ref.get("name", ""), "namespace": ref.get("namespace", ""), "uid": ref.get("uid") or ""}
-    try:
-        return template.format(**values)
-    except (KeyError, IndexError, ValueError):
-        return ""
+    from trainflow.core.links import dashboard_url
+
+    return dashboard_url(template, ref.get("name"), ref.get("namespace"), ref.get("uid"))
 
 
 class TrainJobLink(BaseOperatorLink):
