@@ -8,7 +8,7 @@ PYTEST_FLAGS ?= -q
 
 .PHONY: setup demo test test-serial test-fast test-k8s37 reliability-long lint typecheck fmt components check-components e2e bench bench-full clean \
 	dist test-dist image-tools images image-archive test-images e2e-pods pods-images e2e-airflow test-airflow-floor \
-	e2e-airflow-conventions
+	provider-reference
 
 include testbed/testbed.mk
 
@@ -33,6 +33,11 @@ fmt: setup
 # Compiled KFP component YAMLs are generated; CI checks they are up to date.
 components: setup
 	$(RUN) python components/kfp/generate.py
+
+# The parameter reference in the provider README is generated from the operator (checked in make test-fast:
+# tests/airflow/test_airflow_conventions.py).
+provider-reference: setup
+	$(RUN) python providers/airflow/reference.py
 
 check-components: setup
 	@tmp=$$(mktemp -d); $(RUN) python components/kfp/generate.py --out $$tmp >/dev/null && \
@@ -133,10 +138,6 @@ e2e-airflow: setup
 AIRFLOW_FLOOR ?= 3.2
 test-airflow-floor: setup
 	bash tests/airflow_deploy/run.sh --airflow $(AIRFLOW_FLOOR) --suite floor
-
-# What Airflow users expect of the provider and it does not do yet (tests/airflow_deploy/test_conventions.py).
-e2e-airflow-conventions: setup
-	bash tests/airflow_deploy/run.sh --airflow $(AIRFLOW_NEWEST) --suite conventions
 
 # Every suite: the checks first, the cluster, Airflow and pods suites side by side on their own testbeds while
 # the cold builds run at low priority (scripts/test_all.sh; logs in build/test-logs). test-serial: one by one.

@@ -2,7 +2,8 @@
 
 The job name is a DAG param, so the same DAG watches any job: ``airflow dags trigger
 trainflow_external_sensor -c '{"job_name": "nightly-bert"}'``. Complete -> success, Failed -> failure
-(or skipped with soft_fail). Deferrable by default; ``mode="reschedule"`` works as well.
+(or skipped with soft_fail). Deferrable when the deployment says so (``[operators] default_deferrable``) or with
+``deferrable=True``; ``mode="reschedule"`` works as well.
 """
 
 from __future__ import annotations

@@ -166,8 +166,10 @@ def test_task_trainjob_decorator_runs_the_function_with_templated_kwargs(
 ):
     out = run_dag(af, trainflow_home, "tf_test_decorator", tmp_path)
     assert out["state"] == "success", out["tasks"]
-    result = out["xcoms"]["measure[-1].return_value"]
-    assert result["metrics"] == {"length": 20.0}  # "{{ ds }}" rendered to 10 characters, twice
+    # the function's return value is the task's; the TrainJobResult is beside it
+    assert out["xcoms"]["measure[-1].return_value"] == 20.0  # "{{ ds }}" rendered to 10 characters, twice
+    result = out["xcoms"]["measure[-1].trainjob_result"]
+    assert result["metrics"] == {"length": 20.0} and result["return_value"] == 20.0
     assert out["xcoms"]["check[-1].return_value"] == 20.0
     assert local_backend.logs(result["name"]) is not None
     assert any("measuring '2026-02-01'" in line for line in local_backend.logs(result["name"]))

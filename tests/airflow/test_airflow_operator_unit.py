@@ -79,14 +79,33 @@ def test_execution_timeout_becomes_an_absolute_deadline() -> None:
     assert TrainJobOperator(task_id="u", function="m:f")._deadline(ctx()) is None
 
 
-def test_actions_are_validated_and_deferrable_defaults_from_config(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_actions_are_validated_at_dag_parse() -> None:
     with pytest.raises(ValueError, match="on_kill_action"):
         TrainJobOperator(task_id="t", function="m:f", on_kill_action="destroy")
     with pytest.raises(ValueError, match="on_finish_action"):
         TrainJobOperator(task_id="t", function="m:f", on_finish_action="archive")
-    assert TrainJobOperator(task_id="t", function="m:f").deferrable is True
-    monkeypatch.setenv("AIRFLOW__TRAINFLOW__DEFAULT_DEFERRABLE", "False")
-    assert TrainJobOperator(task_id="t", function="m:f").deferrable is False
+    with pytest.raises(ValueError, match="log_nodes"):
+        TrainJobOperator(task_id="t", function="m:f", log_nodes="rank0")
+
+
+@pytest.mark.parametrize(
+    ("operators", "trainflow", "expected"),
+    [(None, None, False), ("True", None, True), ("True", "False", False), ("False", "True", True)],
+)
+def test_deferrable_defaults_as_cncf_kubernetes_operators_do(
+    monkeypatch: pytest.MonkeyPatch, operators: str | None, trainflow: str | None, expected: bool
+) -> None:
+    """``deferrable=None``: ``[trainflow] default_deferrable`` if set, else Airflow's own switch (False)."""
+    from trainflow.airflow import TrainJobSensor
+
+    for name, value in (("OPERATORS", operators), ("TRAINFLOW", trainflow)):
+        if value is None:
+            monkeypatch.delenv(f"AIRFLOW__{name}__DEFAULT_DEFERRABLE", raising=False)
+        else:
+            monkeypatch.setenv(f"AIRFLOW__{name}__DEFAULT_DEFERRABLE", value)
+    assert TrainJobOperator(task_id="t", function="m:f").deferrable is expected
+    assert TrainJobOperator(task_id="t", function="m:f", deferrable=not expected).deferrable is not expected
+    assert TrainJobSensor(task_id="s", job_name="j").deferrable is expected
 
 
 def test_on_kill_deletes_even_when_the_interrupted_thread_holds_the_log_lock(
@@ -133,3 +152,26 @@ def test_on_kill_deletes_even_when_the_interrupted_thread_holds_the_log_lock(
             break
         threading.Event().wait(0.05)
     assert lines == ["Task killed: deleted TrainJob ns/job-1: True"]
+
+
+def test_resuming_builds_a_backend_only_to_delete(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``execute_complete`` returns the trigger's result without a backend (building a kubernetes one cost
+    2-3 CPU-s per resumed task); ``on_finish_action="delete"`` builds it, to delete."""
+    from trainflow.core.result import JobState, TrainJobResult
+
+    built: list[str] = []
+    deleted: list[str] = []
+
+    def get_backend(self: TrainJobOperator) -> SimpleNamespace:
+        built.append(self.task_id)
+        return SimpleNamespace(cancel=lambda ref: deleted.append(ref.name) or True)
+
+    monkeypatch.setattr(TrainJobOperator, "get_backend", get_backend)
+    result = TrainJobResult(name="job", namespace="ns", state=JobState.COMPLETE).to_dict()
+    event = {"status": "success", "name": "job", "namespace": "ns", "result": result}
+    kept = TrainJobOperator(task_id="keep", function="m:f")
+    assert kept.execute_complete(ctx(), event)["name"] == "job"  # type: ignore[arg-type]
+    assert built == [] and deleted == []
+    gone = TrainJobOperator(task_id="delete", function="m:f", on_finish_action="delete")
+    assert gone.execute_complete(ctx(), event)["state"] == "Complete"  # type: ignore[arg-type]
+    assert built == ["delete"] and deleted == ["job"]

@@ -66,7 +66,7 @@ def test_providers_manager_registers_hook_form_decorator_and_config() -> None:
     assert "trainjob" in runtime.taskflow_decorators
     assert "trainflow.airflow.links.TrainJobLink" in pm.extra_links_class_names
     config = dict(pm.provider_configs)["trainflow"]["trainflow"]["options"]
-    assert config["default_deferrable"]["default"] == "True"
+    assert config["default_deferrable"]["default"] is None  # unset: [operators] default_deferrable decides
 
 
 def test_airflow_providers_list_shows_trainflow(af, airflow_db: Path, tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainflow.airflow.triggers import TrainJobTrigger, pump_logs
+from trainflow.airflow.logstream import pump_logs
+from trainflow.airflow.triggers import TrainJobTrigger
 
 
 def quick(seconds: float = 0.0, fail: bool = False, lines: int = 0) -> None:
@@ -19,7 +20,7 @@ def quick(seconds: float = 0.0, fail: bool = False, lines: int = 0) -> None:
 
     for i in range(lines):
         print(f"line {i}", flush=True)
-        time.sleep(0.05)
+        time.sleep(0.05 if seconds < 10 else 1.0)
     time.sleep(seconds)
     if fail:
         raise SystemExit(3)
@@ -178,3 +179,48 @@ def test_log_streaming_is_incremental_and_bounded(local_backend) -> None:
     assert len(lines) == 11 and count == 11
     # copied while the job ran, not replayed after it ended
     assert seen[0][0] < result.finished_at.timestamp()
+
+
+async def test_streaming_triggers_leave_the_default_executor_alone(
+    trainflow_home: Path, local_backend
+) -> None:
+    """More streaming triggers than the event loop's default executor has threads (2 here, 6 on a 2-core
+    triggerer): a short job's lines and completion still arrive at once, and short work handed to
+    ``asyncio.to_thread`` (by any trigger, of any provider) is not queued behind the log follows."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=2))
+    longs = [submit(local_backend, f"trig/long-{i}", seconds=60, lines=60) for i in range(3)]
+    short = submit(local_backend, "trig/short", seconds=2, lines=5)
+    lines: dict[str, list[str]] = {}
+
+    class Log:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def info(self, msg: str, *args: object) -> None:
+            lines.setdefault(self.name, []).append(msg % args)
+
+        warning = exception = debug = info
+
+    def streaming(ref) -> TrainJobTrigger:
+        trigger = make_trigger(trainflow_home, ref, stream_logs=True, max_log_lines=100)
+        trigger._log = Log(ref.name)  # LoggingMixin's logger, read through the ``log`` property
+        return trigger
+
+    waits = [asyncio.ensure_future(first_and_only_event(streaming(r), timeout=300)) for r in longs]
+    await asyncio.sleep(3.0)  # every long trigger follows its log now
+    started = time.monotonic()
+    assert await asyncio.wait_for(asyncio.to_thread(lambda: "free"), 5.0) == "free"
+    payload = await first_and_only_event(streaming(short), timeout=60)
+    took = time.monotonic() - started
+    assert payload["status"] == "success" and took < 30, (payload, took)
+    assert [ln for ln in lines[short.name] if ln.startswith("[node-0]")] == [
+        f"[node-0] line {i}" for i in range(5)
+    ]
+    assert all(lines.get(r.name) for r in longs) and not any(w.done() for w in waits)
+    for w in waits:
+        w.cancel()
+    for ref in longs:
+        local_backend.cancel(ref)

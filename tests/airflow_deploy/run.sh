@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # make e2e-airflow: the provider in a real Airflow deployment, then the provider's tests on one Airflow version.
 #
-#   run.sh [--airflow 3.3] [--suite deploy|floor|conventions] [pytest args...]
+#   run.sh [--airflow 3.3] [--suite deploy|floor] [pytest args...]
 #
 # deploy (newest Airflow): the kwok testbed (started unless one is already up at TRAINFLOW_TESTBED_DIR),
 #   Postgres + scheduler + triggerer + dag-processor + api-server (tests/airflow_deploy/airflow_stack.py), the
-#   deployment and browser tests (the provider's unit tests run on this Airflow in make test-fast).
+#   deployment and browser tests (the provider's unit tests run on this Airflow in make test-fast), with
+#   Airflow's defaults where users meet them ([operators] default_deferrable = False), a cncf.kubernetes
+#   kubernetes_default connection to the testbed, and OpenLineage's console transport for DAGs that enable it.
 # floor: the provider's unit tests and one deferred run through a real deployment on the floor Airflow.
-# conventions: the behaviour Airflow users expect that the provider does not have yet (see the module).
 # Everything started here is stopped on exit, whatever happens.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -60,7 +61,12 @@ if [ "$SUITE" != floor ]; then
 fi
 case "$SUITE" in
   deploy)
-    stack_env+=(--env "AIRFLOW__OPENLINEAGE__DISABLED=True")
+    stack_env+=(
+      --env "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE=False"
+      --env "AIRFLOW_CONN_KUBERNETES_DEFAULT={\"conn_type\": \"kubernetes\", \"extra\": {\"kube_config_path\": \"$kubeconfig\"}}"
+      --env 'AIRFLOW__OPENLINEAGE__TRANSPORT={"type": "console"}'
+      --env "AIRFLOW__OPENLINEAGE__SELECTIVE_ENABLE=True"
+    )
     tests=("$HERE/test_deploy_local.py" "$HERE/test_deploy_kube.py" "$HERE/test_ui.py")
     unit=()  # the newest Airflow is the project's own (uv.lock): make test-fast runs these tests on it
     ;;
@@ -73,15 +79,6 @@ case "$SUITE" in
           tests/airflow/test_airflow_trigger.py
           --deselect tests/airflow/test_airflow_trigger.py::test_user_cancel_of_deferred_task_deletes_the_trainjob
           --deselect tests/airflow/test_airflow_trigger.py::test_keep_action_survives_user_cancel)
-    ;;
-  conventions)
-    stack_env+=(
-      --env "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE=False"
-      --env "AIRFLOW_CONN_KUBERNETES_DEFAULT={\"conn_type\": \"kubernetes\", \"extra\": {\"kube_config_path\": \"$kubeconfig\"}}"
-      --env 'AIRFLOW__OPENLINEAGE__TRANSPORT={"type": "console"}'
-    )
-    tests=("$HERE/test_conventions.py")
-    unit=()
     ;;
   *) echo "unknown suite $SUITE" >&2; exit 2 ;;
 esac

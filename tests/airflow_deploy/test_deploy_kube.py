@@ -1,5 +1,6 @@
 """TrainJobOperator in a real deployment against the kwok testbed (kubernetes backend, real Trainer and JobSet):
-one deferred TrainJob, and a mapped sweep of 20 deferred TrainJobs held by the one triggerer.
+one deferred TrainJob through the cncf.kubernetes ``kubernetes_default`` connection users already have, and a
+mapped sweep of 20 deferred TrainJobs (``kubeflow_trainer`` connection) held by the one triggerer.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ def trainjobs_of(testbed: Testbed, namespace: str, run_id: str) -> list[dict[str
 def test_deferred_trainjob_on_the_cluster(
     deployment: Deployment, api: Airflow, testbed: Testbed, namespace: str, run_id: str
 ) -> None:
+    """``conn_id="kubernetes_default"`` (conn type ``kubernetes``, extra ``kube_config_path``) reaches the
+    cluster from the worker and from the triggerer."""
+    assert "kube_config_path" in deployment.state["env"]["AIRFLOW_CONN_KUBERNETES_DEFAULT"]
     api.trigger("tf_deploy_kube", run_id, {"namespace": namespace, "delay": "15s"})
     ti = api.wait_ti_state("tf_deploy_kube", run_id, "train", {"deferred", "success", "failed"}, timeout=240)
     assert ti["state"] == "deferred", (ti, api.log("tf_deploy_kube", run_id, "train", 1)[-3000:])

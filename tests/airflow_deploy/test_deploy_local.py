@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
+from typing import Any
 
 import pytest
-from airflow_deployment import DEFER, Deployment, assert_complete_once, wait_running_job
+from airflow_deployment import DEFER, Deployment, assert_complete_once, jobs_of, wait_running_job
 from airflow_rest import Airflow, wait_for
 from airflow_stack import start_component, stop_component, tagged
 
@@ -18,11 +20,20 @@ pytestmark = pytest.mark.e2e
 WORKER = "tf_deploy_worker"
 
 
-def test_deferral_through_the_real_triggerer(deployment: Deployment, api: Airflow, run_id: str) -> None:
+@pytest.fixture(scope="module")
+def deferred_run(deployment: Deployment) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """One deferred run, shared: the deferral test reads it, the clear test clears it (no second 15 s job)."""
+    api, run_id = deployment.api, f"deferred-{uuid.uuid4().hex[:6]}"
     api.trigger(DEFER, run_id, {"steps": 15, "step_seconds": 1.0})
     deferred = api.wait_ti_state(DEFER, run_id, "train", {"deferred", "success", "failed"})
+    return run_id, deferred, assert_complete_once(api, deployment, DEFER, run_id, tries=1)
+
+
+def test_deferral_through_the_real_triggerer(
+    api: Airflow, deferred_run: tuple[str, dict[str, Any], dict[str, Any]]
+) -> None:
+    run_id, deferred, result = deferred_run
     assert deferred["state"] == "deferred", deferred
-    result = assert_complete_once(api, deployment, DEFER, run_id, tries=1)
     assert result["metrics"] == {"loss": 0.0704, "steps": 15.0}, result
     log = api.log(DEFER, run_id, "train", 1)
     # the trigger ran in the triggerer process and its lines are in the task log: state updates and
@@ -30,6 +41,89 @@ def test_deferral_through_the_real_triggerer(deployment: Deployment, api: Airflo
     assert f"TrainJob {result['namespace']}/{result['name']}: Running" in log, log[-4000:]
     assert "[node-0] step 15/15 loss 0.0704" in log, log[-4000:]
     assert "Pausing task as DEFERRED" in log and "Complete in" in log, log[-4000:]
+
+
+def test_clear_reruns_the_training(
+    deployment: Deployment, api: Airflow, deferred_run: tuple[str, dict[str, Any], dict[str, Any]]
+) -> None:
+    """Clearing a finished task trains again: a new TrainJob (attempt 2), as a cleared KubernetesPodOperator
+    starts a new pod; the first job's result is not replayed (a retry still reuses it)."""
+    run_id, _, first = deferred_run
+    cleared = api.clear(DEFER, run_id, ["train"])
+    assert [t["task_id"] for t in cleared] == ["train"], cleared
+    ti = wait_for(
+        lambda: (
+            (t := api.ti(DEFER, run_id, "train"))["try_number"] == 2
+            and t["state"] in ("success", "failed")
+            and t
+        ),
+        300,
+        "the cleared task to run again",
+    )
+    log = api.log(DEFER, run_id, "train", 2)
+    assert ti["state"] == "success", (ti, log[-4000:])
+    jobs = sorted(jobs_of(deployment, DEFER, run_id), key=lambda j: j.attempt or 0)
+    assert [j.attempt for j in jobs] == [1, 2], [(j.name, j.attempt) for j in jobs]
+    second = api.xcom(DEFER, run_id, "train")
+    assert second["name"] == jobs[1].name != first["name"], (first, second)
+    assert "cleared after its TrainJob completed: training again" in log, log[-4000:]
+
+
+def test_defaults_wait_on_the_worker_and_stream_the_log(
+    deployment: Deployment, api: Airflow, run_id: str
+) -> None:
+    """No ``deferrable``, no ``stream_logs``: ``[operators] default_deferrable = False`` (Airflow's default) keeps
+    the wait on the worker, as cncf.kubernetes operators do, and rank 0's output is in the task log while the job
+    runs (streaming is on by default)."""
+    assert deployment.state["env"]["AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE"] == "False"
+    api.trigger("tf_conv_defaults", run_id, {"steps": 12})
+    seen: set[str] = set()
+
+    def streamed_while_running() -> bool:
+        state = api.ti("tf_conv_defaults", run_id, "train")["state"]
+        seen.add(state)
+        return state == "running" and "[node-0] step 3/12" in api.log("tf_conv_defaults", run_id, "train", 1)
+
+    wait_for(streamed_while_running, 120, "rank 0's lines in the task log while the task runs", interval=1.0)
+    run = api.wait_run("tf_conv_defaults", run_id)
+    seen.add(api.ti("tf_conv_defaults", run_id, "train")["state"])
+    assert run["state"] == "success" and "deferred" not in seen, (run, seen)
+    log = api.log("tf_conv_defaults", run_id, "train", 1)
+    assert "[node-0] step 12/12" in log and "Pausing task as DEFERRED" not in log, log[-4000:]
+
+
+def test_task_trainjob_returns_the_function_return_value(
+    deployment: Deployment, api: Airflow, run_id: str
+) -> None:
+    """``@task.trainjob`` hands the function's (rank 0's) return value downstream, as ``@task.kubernetes`` does;
+    the TrainJobResult is beside it (XCom ``trainjob_result``)."""
+    api.trigger("tf_conv_decorator", run_id)
+    run = api.wait_run("tf_conv_decorator", run_id)
+    assert run["state"] == "success", api.log("tf_conv_decorator", run_id, "fit", 1)[-3000:]
+    assert api.xcom("tf_conv_decorator", run_id, "check") == {"lr": 0.01, "accuracy": 0.93}
+    result = api.xcom("tf_conv_decorator", run_id, "fit", key="trainjob_result")
+    assert result["state"] == "Complete" and result["return_value"] == {"lr": 0.01, "accuracy": 0.93}, result
+
+
+def test_output_is_an_asset_and_lineage_names_dataset_and_model(
+    deployment: Deployment, api: Airflow, run_id: str
+) -> None:
+    """``output_uri`` (templated) becomes an asset event of the run, and with the OpenLineage provider (console
+    transport) the task's COMPLETE event has the dataset as input and the model as output."""
+    root = deployment.root / "assets" / run_id
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "train.csv").write_text("x,y\n1,2\n")
+    dataset, output = f"file://{root}/data", f"file://{root}/model"
+    api.trigger("tf_conv_assets", run_id, {"dataset": dataset, "output": output})
+    assert api.wait_run("tf_conv_assets", run_id)["state"] == "success"
+    events = api._call("GET", "/assets/events", params={"source_run_id": run_id})["asset_events"]
+    assert [e["uri"] for e in events] == [output], events
+    log = api.log("tf_conv_assets", run_id, "train", 1)
+    complete = [
+        ln for ln in log.splitlines() if '"eventType": "COMPLETE"' in ln or "eventType=COMPLETE" in ln
+    ]
+    assert complete, log[-4000:]
+    assert str(root / "data") in complete[-1] and str(root / "model") in complete[-1], complete[-1][:2000]
 
 
 def test_triggerer_killed_mid_wait_loses_nothing(deployment: Deployment, api: Airflow, run_id: str) -> None:
@@ -114,3 +208,31 @@ def test_marking_a_deferred_task_failed_deletes_its_trainjob(
 
     wait_for(deleted, 120, f"TrainJob {job.name} to be deleted after the task was marked failed")
     assert api.ti(DEFER, run_id, "train")["state"] == "failed"
+
+
+def test_streaming_triggers_do_not_block_other_completions(
+    deployment: Deployment, api: Airflow, run_id: str
+) -> None:
+    """More streaming TrainJobs in the triggerer than its event loop's default executor has threads
+    (cpu_count + 4): a short job's log and completion still arrive, because log follows never hold that pool.
+    The long runs are then marked failed (their TrainJobs deleted), so they cost nothing after the assertion."""
+    long_runs = [f"{run_id}-long{i}" for i in range(min(32, (os.cpu_count() or 1) + 4) + 1)]
+    for rid in long_runs:
+        api.trigger(DEFER, rid, {"steps": 300, "step_seconds": 1.0})
+    for rid in long_runs:
+        assert (
+            api.wait_ti_state(DEFER, rid, "train", {"deferred", "success", "failed"})["state"] == "deferred"
+        )
+    short = f"{run_id}-short"
+    api.trigger(DEFER, short, {"steps": 5, "step_seconds": 1.0})
+    ti = wait_for(
+        lambda: (t := api.ti(DEFER, short, "train"))["state"] in ("success", "failed") and t,
+        180,
+        "the short job's task to finish while the long ones stream",
+    )
+    log = api.log(DEFER, short, "train", 1)
+    assert ti["state"] == "success", log[-3000:]
+    assert "[node-0] step 1/5" in log and "[node-0] step 5/5" in log, log[-3000:]
+    assert [api.ti(DEFER, rid, "train")["state"] for rid in long_runs] == ["deferred"] * len(long_runs)
+    for rid in long_runs:
+        api.set_ti_state(DEFER, rid, "train", "failed")

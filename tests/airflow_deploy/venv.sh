@@ -3,7 +3,8 @@
 #   tests/airflow_deploy/venv.sh 3.3          -> ~/.cache/trainflow/venv-airflow-3.3-<hash>
 #   tests/airflow_deploy/venv.sh 3.3 --compile  re-resolve requirements/airflow-3.3.txt from airflow-3.3.in
 # The project's .venv cannot hold these: kfp pins kubernetes<31, cncf.kubernetes needs >=36, and the floor
-# needs its own Airflow. The venv is keyed by the requirements file, so a change builds a fresh one.
+# needs its own Airflow. The venv is keyed by the requirements file and the checkout (it installs the checkout
+# editable), so a change builds a fresh one and two checkouts never test each other's code.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -22,7 +23,8 @@ if [ "${2:-}" = "--compile" ]; then
     -o "tests/airflow_deploy/$REQ")
 fi
 
-key="$(cat "$HERE/$REQ" | sha256sum | cut -c1-10)"
+# keyed by the requirements and by this checkout: the venv holds an editable install of the tree that built it
+key="$({ cat "$HERE/$REQ"; echo "$REPO"; } | sha256sum | cut -c1-10)"
 VENV="${TRAINFLOW_AIRFLOW_VENV_ROOT:-$HOME/.cache/trainflow}/venv-airflow-$VERSION-$key"
 if [ ! -f "$VENV/.complete" ]; then
   rm -rf "$VENV"

@@ -141,6 +141,8 @@ def test_task_trainjob_function_runs_on_torch_distributed(
     assert checked["state"] == "Complete", out
     # ranks 0 and 1 contributed 1*2.5 + 2*2.5 through gloo; rank 0 reported it via the status server
     assert checked["metrics"] == {"reduced": 7.5, "world_size": 2.0}, checked
+    # the function's return value (rank 0's, from its pod's log) is the task's XCom, as with @task.kubernetes
+    assert checked["returned"] == {"reduced": 7.5, "world_size": 2, "rank": 0}, checked
     record("airflow_task_trainjob", {"seconds": round(time.monotonic() - t0, 1)})
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from trainflow.core import InvalidRequest, build_trainjob, local_catalog
 from trainflow.core.function_trainer import function_code, function_command, function_source
+from trainflow.core.reporting import return_value
 from trainflow.core.runtimes import find_runtime
 
 FUNCTIONS = Path(__file__).resolve().parents[1] / "data" / "functions" / "user_functions.py"
@@ -57,7 +58,45 @@ def test_shipped_code_runs_with_annotations_naming_the_callers_imports(tmp_path:
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["trained", "llama", "'llama'", "3"]
+    # the function's return value follows as one JSON line, which reporting.return_value reads back
+    assert proc.stdout.splitlines() == ["trained llama 'llama' 3", 'TRAINFLOW_RETURN {"name":"llama"}']
+    assert return_value(proc.stdout.splitlines()) == {"name": "llama"}
+
+
+@pytest.mark.parametrize(
+    ("rank", "value", "outcome"),
+    [
+        ("1", "{'a': 1}", ""),  # only rank 0 reports its return value
+        ("0", "None", ""),  # nothing to report
+        ("0", "[1.5, 'x', None]", 'TRAINFLOW_RETURN [1.5,"x",null]'),
+        ("0", "object()", "not JSON"),
+        ("0", "'x' * 70000", "write it to trainflow.core.output_dir()"),
+    ],
+)
+def test_return_value_is_rank_0s_json_line_or_a_clear_failure(
+    tmp_path: Path, rank: str, value: str, outcome: str
+) -> None:
+    module = tmp_path / "returning.py"
+    module.write_text(f"def fit():\n    return {value}\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        code = function_code(importlib.import_module("returning").fit)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("returning", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "{}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "RANK": rank},
+    )
+    if outcome.startswith("TRAINFLOW_RETURN") or not outcome:
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == outcome
+    else:
+        assert proc.returncode == 1 and outcome in proc.stderr, proc.stderr
 
 
 def test_async_function_is_run_with_asyncio(tmp_path: Path) -> None:

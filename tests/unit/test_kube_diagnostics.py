@@ -215,3 +215,48 @@ def test_stuck_reason_waits_for_young_pods_and_ignores_recoverable_states() -> N
     assert diagnostics.stuck_reason([_pod("a", OLD, waiting="CrashLoopBackOff")], NOW, 120) is None
     assert diagnostics.stuck_reason([_pod("a", OLD, waiting="ContainerCreating")], NOW, 120) is None
     assert diagnostics.stuck_reason([{"metadata": {"name": "x"}}], NOW, 120) is None
+
+
+def test_finish_reads_metrics_and_a_function_trainers_return_value_in_one_log_read() -> None:
+    """A Complete function-trainer job: rank 0's log tail gives the return value (and the metrics when
+    trainerStatus has none), with one pod list and one log read; other jobs with metrics read nothing."""
+    from trainflow.core.kube.backend import finish
+    from trainflow.core.result import RETURNS_ANNOTATION
+
+    class LogApi:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def list_pods(self, namespace, selector, limit=100):
+            self.calls.append("pods")
+            return [pod("job-node-0-0")]
+
+        def log_text(self, namespace, pod_name, container, **kw):
+            self.calls.append(f"log {pod_name}")
+            return 'step 1\nTRAINFLOW_REPORT {"metrics": {"loss": 0.5}}\nTRAINFLOW_RETURN {"acc": 0.93}\n'
+
+    def job(annotations: dict, metrics: list) -> dict:
+        status = {
+            "conditions": [{"type": "Complete", "status": "True"}],
+            "trainerStatus": {"metrics": metrics},
+        }
+        meta = {"name": "job", "namespace": "ns", "annotations": annotations}
+        return {"metadata": meta, "spec": {}, "status": status}
+
+    api = LogApi()
+    result = run(finish(job({RETURNS_ANNOTATION: "json"}, []), True, 200), api)
+    assert (result.return_value, result.metrics, api.calls) == (
+        {"acc": 0.93},
+        {"loss": 0.5},
+        ["pods", "log job-node-0-0"],
+    )
+    api = LogApi()
+    served = [{"name": "loss", "value": "0.25"}]
+    result = run(finish(job({RETURNS_ANNOTATION: "json"}, served), True, 200), api)
+    assert (result.return_value, result.metrics) == (
+        {"acc": 0.93},
+        {"loss": 0.25},
+    )  # the server's metrics win
+    api = LogApi()
+    result = run(finish(job({}, served), True, 200), api)
+    assert (result.return_value, api.calls) == (None, [])

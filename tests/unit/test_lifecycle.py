@@ -107,6 +107,28 @@ def test_retry_sequence_reattach_reuse_deleted_failed() -> None:
     assert be.creates == [first.ref.name, first.ref.name, second.ref.name]
 
 
+def test_a_new_run_of_the_identity_trains_again_but_never_beside_a_running_one() -> None:
+    """``reuse_completed=False`` (an Airflow task cleared after it succeeded): a Complete attempt is history and
+    the next attempt is created; a running attempt is still reattached, so two never run at once."""
+    be = MemoryBackend()
+    first = launch(be, REQUEST)
+    be.set_status(first.ref.name, DONE)
+    assert launch(be, REQUEST).reused  # a retry: the result stands
+    rerun = launch(be, REQUEST, reuse_completed=False)
+    assert (rerun.attempt, rerun.adopted, rerun.ref.name) == (2, False, first.ref.name + "-2")
+    assert [line.split(":")[0] for line in rerun.history()] == ["Earlier attempt 1"]
+    be.set_status(rerun.ref.name, RUNNING)
+    again = launch(be, REQUEST, reuse_completed=False)
+    assert (again.ref.name, again.adopted) == (rerun.ref.name, True)
+    be.set_status(rerun.ref.name, DONE)
+    named = {**REQUEST, "name": "fixed"}
+    be2 = MemoryBackend()
+    launch(be2, named)
+    be2.set_status("fixed", DONE)
+    renamed = launch(be2, named, reuse_completed=False)  # a fixed name makes way for the new run
+    assert (renamed.ref.name, renamed.attempt, be2.cancelled) == ("fixed", 2, ["fixed"])
+
+
 def test_changed_spec_conflicts_while_running_and_starts_a_new_attempt_once_done() -> None:
     be = MemoryBackend()
     first = launch(be, REQUEST)

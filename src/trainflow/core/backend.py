@@ -108,7 +108,8 @@ class Backend(Protocol):
 def get_backend(name: BackendName | str = "local", **config: Any) -> Backend:
     """Make a backend: ``"local"`` (embedded engine, no cluster) or ``"kubernetes"``.
 
-    kubernetes config: ``kubeconfig``, ``context``, ``namespace``, ``in_cluster``, ``config_dict``.
+    kubernetes config: ``kubeconfig``, ``context``, ``namespace``, ``in_cluster``, ``config_dict``,
+    ``verify_ssl``.
     local config: ``home`` (state directory; default ``$TRAINFLOW_HOME`` or the user data dir), ``namespace``.
     """
     if name == "local":

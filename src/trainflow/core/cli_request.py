@@ -19,10 +19,11 @@ from typing import Any
 import click
 import yaml
 
+from trainflow.core.errors import InvalidRequest
 from trainflow.core.request import TrainJobRequest
+from trainflow.core.requestfile import MAX_REQUEST_FILE_BYTES, parse_request_text
 from trainflow.core.validation import parse_request
 
-MAX_REQUEST_FILE_BYTES = 1 << 20
 SINGULAR = {
     "args": "arg",
     "labels": "label",
@@ -157,26 +158,6 @@ def collect(kw: dict[str, Any]) -> TrainJobRequest:
     return parse_request(data)
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a mapping with the same key twice (YAML says keys are unique)."""
-
-
-def _no_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            mark = key_node.start_mark
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {str(key)[:80]!r} (line {mark.line + 1})", mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
-
-
 def load_request_file(path: str) -> dict[str, Any]:
     """Read a request from YAML or JSON (``-`` for stdin); errors name the file and line."""
     try:
@@ -190,17 +171,6 @@ def load_request_file(path: str) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise BadInput(f"request file {path}: not UTF-8 text (byte {exc.start})") from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader) if text.strip() else {}
-    except RecursionError:
-        raise BadInput(f"request file {path}: nested too deeply to be a request") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise BadInput(
-            f"request file {path}{where}: not valid YAML/JSON ({getattr(exc, 'problem', exc)})"
-        ) from None
-    if not isinstance(data, dict):
-        raise BadInput(
-            f"request file {path}: expected a mapping of request fields, got {type(data).__name__}"
-        )
-    return data
+        return parse_request_text(text, f"request file {path}")
+    except InvalidRequest as exc:
+        raise BadInput(exc.issues[0].problem) from None

@@ -1,5 +1,10 @@
 """Ship a Python function into a TrainJob command: its own source text (or import path) as code, kwargs as JSON.
 
+The function's return value comes back the way metrics do, through rank 0's log: rank 0 prints it as one
+``TRAINFLOW_RETURN <json>`` line (at most ``MAX_RETURN_BYTES``) and a wait that ends reads it from the log's
+tail (``reporting.return_value``). A value that is not JSON, or too big, fails the trainer with the reason, as the
+XCom sidecar of ``@task.kubernetes`` fails its pod.
+
 The source is the user's text with the decorators cut off (found with tokenize), never regenerated from
 an AST: ``ast.unparse`` on a Python >= 3.12 client writes PEP 701 f-strings that the Python 3.10 runtime
 images cannot parse. ``from __future__ import annotations`` keeps annotations from being evaluated in
@@ -19,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trainflow.core.errors import FieldIssue, InvalidRequest
+from trainflow.core.reporting import MAX_RETURN_BYTES, RANK_VARS, RETURN_PREFIX
 
 if TYPE_CHECKING:  # not at run time: this module stays loadable alone (no pydantic), on any Python
     from trainflow.core.request import TrainJobRequest
@@ -30,10 +36,29 @@ MPI_HOSTFILE = "/etc/mpi/hostfile"
 PIP_INDEX_URL = re.compile(r"^(https?|file)://\S+$")
 URL_CREDENTIALS = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*:[^/?#@]*@")
 
+
 _HEADER = "from __future__ import annotations\n"
-_CALL = """
-import json as _tf_json, sys as _tf_sys
-_tf_kwargs = _tf_json.loads(_tf_sys.argv[1]) if len(_tf_sys.argv) > 1 else {}
+_CALL = f"""
+import json as _tf_json, os as _tf_os, sys as _tf_sys
+_tf_kwargs = _tf_json.loads(_tf_sys.argv[1]) if len(_tf_sys.argv) > 1 else {{}}
+def _tf_return(value):
+    for _tf_var in {RANK_VARS!r}:
+        _tf_rank = _tf_os.environ.get(_tf_var, "").strip()
+        if _tf_rank:
+            if _tf_rank != "0":
+                return
+            break
+    if value is None:
+        return
+    try:
+        _tf_text = _tf_json.dumps(value, separators=(",", ":"))
+    except (TypeError, ValueError) as _tf_exc:
+        raise TypeError("trainflow: the function's return value is not JSON (%s): return plain data "
+                        "(dict, list, str, numbers) or write it to trainflow.core.output_dir()" % _tf_exc) from None
+    if len(_tf_text) > {MAX_RETURN_BYTES}:
+        raise ValueError("trainflow: the function's return value is %d bytes of JSON, over {MAX_RETURN_BYTES}: "
+                         "write it to trainflow.core.output_dir() and return its path" % len(_tf_text))
+    print({RETURN_PREFIX!r} + _tf_text, flush=True)
 """
 
 # Installs packages_to_install once per node (a lock + marker shared by the ranks of a pod), per user
@@ -114,12 +139,12 @@ def function_code(function: str | Callable[..., Any]) -> str:
             "import importlib as _tf_importlib\n"
             f"_tf_fn = _tf_importlib.import_module({module!r})\n"
             f"for _tf_part in {attr!r}.split('.'):\n"
-            "    _tf_fn = getattr(_tf_fn, _tf_part)\n" + _CALL + "_tf_fn(**_tf_kwargs)\n"
+            "    _tf_fn = getattr(_tf_fn, _tf_part)\n" + _CALL + "_tf_return(_tf_fn(**_tf_kwargs))\n"
         )
     source, name = function_source(function)
-    call = f"{name}(**_tf_kwargs)"
+    call = f"_tf_return({name}(**_tf_kwargs))"
     if inspect.iscoroutinefunction(inspect.unwrap(function)):
-        call = f"import asyncio as _tf_asyncio\n_tf_asyncio.run({name}(**_tf_kwargs))"
+        call = f"import asyncio as _tf_asyncio\n_tf_return(_tf_asyncio.run({name}(**_tf_kwargs)))"
     return _HEADER + source + _CALL + call + "\n"
 
 

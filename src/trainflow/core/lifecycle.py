@@ -4,7 +4,9 @@
 creates at most one TrainJob (one runtime read, one render):
 
 * a TrainJob of this identity still running (or queued) -> reattach to it;
-* one that completed with the same spec -> reuse it: nothing is created, its result stands;
+* one that completed with the same spec -> reuse it: nothing is created, its result stands (unless the
+  caller says this is a new run of the same identity, ``reuse_completed=False``: an Airflow task cleared
+  after it succeeded trains again);
 * otherwise (none, all failed, deleted, or the spec changed) -> create the next attempt: attempt ``n + 1``
   after the highest attempt seen, attempt 1 when none is left. A fixed ``name`` cannot change per attempt:
   the old TrainJob of that name is deleted first (only if it is ours).
@@ -116,14 +118,19 @@ def is_ours(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]
     ]
 
 
-def decide(candidates: Sequence[Mapping[str, Any]], wanted: Mapping[str, Any], fixed_name: bool) -> Decision:
+def decide(
+    candidates: Sequence[Mapping[str, Any]],
+    wanted: Mapping[str, Any],
+    fixed_name: bool,
+    reuse_completed: bool = True,
+) -> Decision:
     """The attempt rule over the TrainJobs of one identity (pure; see the module docstring)."""
     live = [c for c in candidates if not (c.get("metadata") or {}).get("deletionTimestamp")]
     by_attempt = sorted(live, key=attempt_of, reverse=True)
     for obj in by_attempt:
         if not result_from_trainjob(obj).state.terminal:
             return Decision("reattach", attempt_of(obj), existing=obj)
-    for obj in by_attempt:
+    for obj in by_attempt if reuse_completed else ():
         if result_from_trainjob(obj).succeeded and not immutable_differences(obj, wanted):
             return Decision("reuse", attempt_of(obj), existing=obj)
     attempt = max((attempt_of(c) for c in candidates), default=0) + 1
@@ -155,16 +162,19 @@ def launch(
     *,
     dry_run: bool = False,
     before_create: Callable[[JobRef], None] | None = None,
+    reuse_completed: bool = True,
 ) -> Launch:
     """Validate the request, then reattach, reuse or create, as the rules above say. See ``Launch``.
 
     ``dry_run``: validate everything the backend can (a server-side dry-run create on a cluster) and
     create nothing, anywhere. ``before_create`` learns the name about to be created (so a step being
-    terminated meanwhile can delete it).
+    terminated meanwhile can delete it). ``reuse_completed=False``: this is a new run of the identity, so a
+    completed TrainJob is history, not the result (a running one is still reattached: never two at once).
     """
     req = parse_request(request)
     runtime = _runtime(backend, req)
-    return replace(_launch(backend, req, runtime, dry_run, before_create), runtime=runtime)
+    launched = _launch(backend, req, runtime, dry_run, before_create, reuse_completed)
+    return replace(launched, runtime=runtime)
 
 
 def _launch(
@@ -173,6 +183,7 @@ def _launch(
     runtime: Runtime,
     dry_run: bool,
     before_create: Callable[[JobRef], None] | None,
+    reuse_completed: bool,
 ) -> Launch:
     manifest = _build(backend, req, runtime, 1)
     namespace = str(manifest["metadata"].get("namespace") or backend.namespace)
@@ -185,7 +196,7 @@ def _launch(
         return _create(backend, manifest, namespace, 1, (), before_create)
     candidates = _candidates(backend, req, manifest, namespace)
     previous = tuple(result_from_trainjob(c) for c in sorted(candidates, key=attempt_of))
-    decision = decide(candidates, manifest, fixed_name=bool(req.name))
+    decision = decide(candidates, manifest, fixed_name=bool(req.name), reuse_completed=reuse_completed)
     if decision.existing is not None:
         obj = decision.existing
         if decision.kind == "reattach" and (problems := immutable_differences(obj, manifest)):

@@ -22,7 +22,7 @@ from trainflow.core.naming import (
     random_name,
 )
 from trainflow.core.request import TrainJobRequest
-from trainflow.core.result import OUTPUT_URI_ANNOTATION
+from trainflow.core.result import OUTPUT_URI_ANNOTATION, RETURNS_ANNOTATION
 from trainflow.core.runtimes import Runtime
 from trainflow.core.schema import schema_errors
 from trainflow.core.validation import OUTPUT_ENV, max_name_length, parse_request, validate_request
@@ -180,6 +180,8 @@ def build_trainjob(
     annotations = dict(req.annotations)
     if req.output_uri:
         annotations[OUTPUT_URI_ANNOTATION] = req.output_uri
+    if req.function is not None:
+        annotations[RETURNS_ANNOTATION] = "json"
     if annotations:
         metadata["annotations"] = annotations
 

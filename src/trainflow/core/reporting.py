@@ -28,8 +28,10 @@ SERVER_CA_ENV = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
 LOCAL_JOB_ENV = "TRAINFLOW_LOCAL_JOB_DIR"
 OUTPUT_ENV = "TRAINFLOW_OUTPUT_URI"
 REPORT_PREFIX = "TRAINFLOW_REPORT "
+RETURN_PREFIX = "TRAINFLOW_RETURN "  # a function trainer's return value (function_trainer prints it)
+MAX_RETURN_BYTES = 64 * 1024
 MAX_METRIC_CHARS = 64
-_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "JAX_PROCESS_ID", "DMLC_TASK_ID", "PET_NODE_RANK")
+RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "JAX_PROCESS_ID", "DMLC_TASK_ID", "PET_NODE_RANK")
 
 # Everything reported so far by this process: the status server replaces trainerStatus wholesale.
 _sent: dict[str, float | str] = {}
@@ -48,7 +50,7 @@ def _text(value: float | str) -> str:
 
 def is_rank0() -> bool:
     """True in the process whose reports count: global rank 0 (``RANK`` unset or "0", likewise per launcher)."""
-    for name in _RANK_VARS:
+    for name in RANK_VARS:
         value = os.environ.get(name)
         if value is not None and value.strip() != "":
             return value.strip() == "0"
@@ -141,6 +143,18 @@ def parse_report_line(line: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return data if isinstance(data, dict) else None
+
+
+def return_value(lines: list[str]) -> Any:
+    """A function trainer's return value from the tail of rank 0's log (its last ``TRAINFLOW_RETURN`` line)."""
+    for line in reversed(lines):
+        at = line.find(RETURN_PREFIX)
+        if at >= 0:
+            try:
+                return json.loads(line[at + len(RETURN_PREFIX) :])
+            except ValueError:
+                return None
+    return None
 
 
 def output_dir() -> Path:

@@ -12,6 +12,7 @@ from typing import Any
 from trainflow.core.naming import ATTEMPT_LABEL
 
 OUTPUT_URI_ANNOTATION = "trainflow.dev/output-uri"
+RETURNS_ANNOTATION = "trainflow.dev/returns"  # a function trainer: rank 0's log ends with its return value
 
 
 class JobState(enum.StrEnum):
@@ -78,6 +79,7 @@ class TrainJobResult:
     output_uri: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     attempt: int | None = None
+    return_value: Any = None  # a function trainer's return value (JSON), read when a wait ends Complete
 
     def __post_init__(self) -> None:
         if self.progress is not None and not 0 <= self.progress <= 100:

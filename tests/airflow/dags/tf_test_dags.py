@@ -64,21 +64,24 @@ with DAG("tf_test_timeout", schedule=None, start_date=START):
         function=sleeper,
         function_kwargs={"seconds": 300},
         execution_timeout=timedelta(seconds=10),
+        deferrable=True,  # the deadline must hold while the trigger waits (the default waits on the worker)
     )
 
 with DAG("tf_test_decorator", schedule=None, start_date=START):
 
     @task.trainjob(runtime=RUNTIME, num_nodes=1)
-    def measure(text: str, repeat: int = 1) -> None:
+    def measure(text: str, repeat: int = 1) -> float:
         from trainflow.core.reporting import report
 
         print(f"measuring {text!r}", flush=True)
         report(metrics={"length": len(text) * repeat})
+        return float(len(text) * repeat)
 
     @task
-    def check(result: dict) -> float:
-        assert result["state"] == "Complete", result
-        return result["metrics"]["length"]
+    def check(length: float, ti=None) -> float:
+        result = ti.xcom_pull(task_ids="measure", key="trainjob_result")
+        assert result["state"] == "Complete" and result["metrics"]["length"] == length, result
+        return length
 
     check(measure(text="{{ ds }}", repeat=2))
 

@@ -1,17 +1,26 @@
 """DAGs the deployment tests trigger over REST (tests/airflow_deploy).
 
 ``kubeflow_trainer_default`` is the local engine (the deployment's TRAINFLOW_HOME); ``tf_testbed`` is the
-kwok testbed with the kubernetes backend. Function trainers use the jax-distributed runtime, which the local
-engine runs as plain ``python -c`` processes: quick to start.
+kwok testbed with the kubernetes backend, and ``kubernetes_default`` a cncf.kubernetes connection to the same
+testbed. Function trainers use the jax-distributed runtime, which the local engine runs as plain ``python -c``
+processes: quick to start. The ``tf_conv_*`` DAGs use the operator's defaults, as a new user writes it.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, task
 
 from trainflow.airflow import TrainJobOperator
+
+try:  # the deploy suite's OpenLineage provider emits events only for DAGs that ask (selective_enable)
+    from airflow.providers.openlineage.utils.selective_enable import enable_lineage
+except ImportError:  # the floor's venv has no OpenLineage provider and runs no lineage test
+
+    def enable_lineage(obj: DAG) -> DAG:
+        return obj
+
 
 START = datetime(2026, 1, 1)
 RUNTIME = "jax-distributed"
@@ -89,9 +98,10 @@ with DAG(
     params={"namespace": "default", "delay": "20s"},
     tags=["trainflow-deploy"],
 ):
+    # the cncf.kubernetes connection users already have (conn type kubernetes, extra kube_config_path)
     TrainJobOperator(
         task_id="train",
-        conn_id="tf_testbed",
+        conn_id="kubernetes_default",
         namespace="{{ params.namespace }}",
         runtime="torch-distributed",
         image=IMAGE,
@@ -100,4 +110,38 @@ with DAG(
         annotations={KWOK_COMPLETE_DELAY: "{{ params.delay }}"},
         deferrable=True,
         execution_timeout=timedelta(minutes=10),
+    )
+
+with DAG("tf_conv_defaults", params={"steps": 12, "step_seconds": 1.0}, **PARAMS):
+    # no deferrable, no stream_logs: [operators] default_deferrable and the provider's defaults decide
+    TrainJobOperator(
+        task_id="train",
+        runtime=RUNTIME,
+        function=train_steps,
+        function_kwargs={"steps": "{{ params.steps }}", "step_seconds": "{{ params.step_seconds }}"},
+    )
+
+with DAG("tf_conv_decorator", **PARAMS):
+
+    @task.trainjob(runtime=RUNTIME, num_nodes=1)
+    def fit(lr: float) -> dict[str, float]:
+        return {"lr": lr, "accuracy": 0.93}
+
+    @task
+    def check(value: dict[str, float]) -> dict[str, float]:
+        return value
+
+    check(fit(lr=0.01))
+
+with enable_lineage(
+    DAG("tf_conv_assets", params={"dataset": "file:///tmp/dataset", "output": "file:///tmp/model"}, **PARAMS)
+):
+    # templated URIs: the output asset is recorded at run time through the trainflow-output alias
+    TrainJobOperator(
+        task_id="train",
+        runtime=RUNTIME,
+        function=train_steps,
+        function_kwargs={"steps": 1, "step_seconds": 0.1},
+        dataset_uri="{{ params.dataset }}",
+        output_uri="{{ params.output }}",
     )

@@ -27,22 +27,31 @@ with DAG("tf_pods_on_kill", schedule=None, start_date=START):
 with DAG("tf_pods_task_trainjob", schedule=None, start_date=START):
 
     @task.trainjob(runtime="torch-distributed", num_nodes=1, proc_per_node=2, deferrable=True)
-    def fit(scale: float) -> None:
-        """Runs under torchrun in the runtime's image: gloo all_reduce, rank 0 reports."""
+    def fit(scale: float) -> dict:
+        """Runs under torchrun in the runtime's image: gloo all_reduce, rank 0 reports; every rank returns a
+        value and rank 0's is the task's (read from its pod's log)."""
         import torch
         import torch.distributed as dist
 
         from trainflow.core.reporting import report
 
         dist.init_process_group("gloo")
-        value = torch.tensor([float(dist.get_rank() + 1) * scale])
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        value = torch.tensor([float(rank + 1) * scale])
         dist.all_reduce(value)
-        report(metrics={"reduced": value.item(), "world_size": dist.get_world_size()}, progress=100)
-        print(f"rank={dist.get_rank()} reduced={value.item()}", flush=True)
+        report(metrics={"reduced": value.item(), "world_size": world_size}, progress=100)
+        print(f"rank={rank} reduced={value.item()}", flush=True)
         dist.destroy_process_group()
+        return {"reduced": value.item(), "world_size": world_size, "rank": rank}
 
     @task
-    def check(result: dict) -> dict:
-        return {"state": result["state"], "metrics": result["metrics"], "name": result["name"]}
+    def check(returned: dict, ti=None) -> dict:
+        result = ti.xcom_pull(task_ids="fit", key="trainjob_result")
+        return {
+            "state": result["state"],
+            "metrics": result["metrics"],
+            "name": result["name"],
+            "returned": returned,
+        }
 
     check(fit(2.5))

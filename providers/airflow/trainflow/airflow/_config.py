@@ -17,8 +17,11 @@ def _conf() -> Any:
     return conf
 
 
+_TRUE = ("1", "true", "yes", "on", "t", "y")
+
+
 def get(option: str) -> str:
-    default = str(CONFIG_OPTIONS[option]["default"])
+    default = str(CONFIG_OPTIONS[option]["default"] or "")
     try:
         value = _conf().get(SECTION, option, fallback=default)
     except Exception:  # config not initialised (unit tests, odd processes): use the declared default
@@ -26,8 +29,20 @@ def get(option: str) -> str:
     return default if value is None else str(value)
 
 
-def get_bool(option: str) -> bool:
-    return get(option).strip().lower() in ("1", "true", "yes", "on", "t", "y")
+def airflow_option(section: str, option: str, fallback: str = "") -> str:
+    """One of Airflow's own options (``fallback`` when unset or config is not initialised)."""
+    try:
+        value = _conf().get(section, option, fallback=fallback)
+    except Exception:
+        return fallback
+    return fallback if value is None else str(value)
+
+
+def default_deferrable() -> bool:
+    """``deferrable=None``: ``[trainflow] default_deferrable`` when set, else ``[operators] default_deferrable``
+    (Airflow's own switch, False unless the deployment turns it on), as cncf.kubernetes operators do."""
+    own = get("default_deferrable").strip() or airflow_option("operators", "default_deferrable", "False")
+    return own.strip().lower() in _TRUE
 
 
 def get_int(option: str) -> int:

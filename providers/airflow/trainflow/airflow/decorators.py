@@ -1,7 +1,9 @@
 """``@task.trainjob``: the decorated function runs as the TrainJob's trainer (a core function trainer).
 
 The function is shipped by source, so it must be defined at module level with its imports inside;
-its (templated, XCom-resolvable) arguments travel as JSON ``function_kwargs``.
+its (templated, XCom-resolvable) arguments travel as JSON ``function_kwargs``. What it returns on rank 0
+(JSON, at most 64 KiB) is the task's return value, as with ``@task`` and ``@task.kubernetes``; the
+TrainJobResult is the XCom ``trainjob_result``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from trainflow.airflow.operators import TrainJobOperator
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from airflow.sdk.bases.decorator import TaskDecorator
+    from trainflow.core.result import TrainJobResult
+
+RESULT_XCOM_KEY = "trainjob_result"
 
 
 class _TrainJobDecoratedOperator(DecoratedOperator, TrainJobOperator):
@@ -36,14 +41,7 @@ class _TrainJobDecoratedOperator(DecoratedOperator, TrainJobOperator):
         op_kwargs: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        kwargs.pop("multiple_outputs", None)
-        super().__init__(
-            python_callable=python_callable,
-            op_args=op_args,
-            op_kwargs=op_kwargs,
-            multiple_outputs=False,
-            **kwargs,
-        )
+        super().__init__(python_callable=python_callable, op_args=op_args, op_kwargs=op_kwargs, **kwargs)
 
     def function_arguments(self) -> dict[str, Any]:
         """The call's arguments by parameter name (defaults left to the function itself)."""
@@ -67,11 +65,17 @@ class _TrainJobDecoratedOperator(DecoratedOperator, TrainJobOperator):
         self.function_kwargs = {**given, **self.function_arguments()}
         return TrainJobOperator.execute(self, context)
 
+    def _task_return(self, context: Context, result: TrainJobResult) -> Any:
+        """The function's return value (rank 0's); the TrainJobResult goes to XCom ``trainjob_result``."""
+        context["ti"].xcom_push(key=RESULT_XCOM_KEY, value=result.to_dict())
+        return result.return_value
+
 
 def trainjob_task(python_callable: Callable[..., Any] | None = None, **kwargs: Any) -> TaskDecorator:
     """``@task.trainjob(runtime=..., num_nodes=..., ...)``: run the function as a TrainJob.
 
     Accepts every TrainJobOperator argument; the function's own arguments may be templates or XComArgs.
+    Returns what the function returned on rank 0 (``multiple_outputs`` as for ``@task``).
     """
     return task_decorator_factory(
         python_callable=python_callable,

@@ -21,12 +21,27 @@ _BACKENDS_LOCK = threading.Lock()
 _TRUE = ("1", "true", "yes", "on", "t", "y")
 
 
+# The extras of a cncf.kubernetes ``kubernetes`` connection, under the trainflow field they mean: the
+# connection users already have (``kubernetes_default``) reaches the same cluster here.
+CNCF_ALIASES = {
+    "kubeconfig_path": "kube_config_path",
+    "kubeconfig": "kube_config",
+    "context": "cluster_context",
+    "in_cluster": "in_cluster",
+    "namespace": "namespace",
+}
+CNCF_CONN_TYPE = "kubernetes"
+
+
 def _extra_value(extra: Mapping[str, Any], field: str) -> Any:
-    """Connection extras as the Airflow 3 form stores them (plain) or older forms did (prefixed)."""
-    for key in (field, f"extra__{CONN_TYPE}__{field}"):
-        value = extra.get(key)
-        if value not in (None, ""):
-            return value
+    """A connection extra as the Airflow 3 form stores it (plain) or older forms did (prefixed), under the
+    trainflow name or the cncf.kubernetes one (``kube_config_path``, ``cluster_context``, ...)."""
+    names = [field] + ([CNCF_ALIASES[field]] if field in CNCF_ALIASES else [])
+    for name in dict.fromkeys(names):
+        for key in (name, f"extra__{CONN_TYPE}__{name}", f"extra__{CNCF_CONN_TYPE}__{name}"):
+            value = extra.get(key)
+            if value not in (None, ""):
+                return value
     return None
 
 
@@ -146,6 +161,8 @@ def backend_config(
         kwargs["config_dict"] = _parse_kubeconfig(inline, conn_id)
     if ctx:
         kwargs["context"] = str(ctx)
+    if _as_bool(_extra_value(extra, "disable_verify_ssl") or False):
+        kwargs["verify_ssl"] = False  # cncf.kubernetes' switch; disable_tcp_keepalive has no meaning here
     return "kubernetes", kwargs
 
 

@@ -33,3 +33,18 @@ def airflow_labels(dag_id: str, task_id: str, run_id: str, map_index: int | None
 def ti_identity(context: Context) -> tuple[str, str, str, int | None]:
     ti = context["ti"]
     return ti.dag_id, ti.task_id, ti.run_id, getattr(ti, "map_index", None)
+
+
+def is_new_run(context: Context, retries: int) -> bool:
+    """This try was started by a clear, not a retry: ``launch`` must train again, not reuse a Complete job.
+
+    Airflow resets a cleared task instance's ``max_tries`` to ``try_number + retries``, and a retry leaves it
+    alone; so the first try after a clear is the one with ``max_tries - try_number == retries - 1`` and
+    ``try_number > 1``. A first try (``try_number == 1``) is not one: a DAG run deleted and created again
+    under the same run_id, or ``dag.test()`` run again, keeps the identity's completed result.
+    """
+    ti = context["ti"]
+    max_tries, try_number = getattr(ti, "max_tries", None), getattr(ti, "try_number", None)
+    if not isinstance(max_tries, int) or not isinstance(try_number, int) or try_number <= 1:
+        return False
+    return max_tries - try_number == retries - 1

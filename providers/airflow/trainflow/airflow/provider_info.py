@@ -45,11 +45,14 @@ CONN_FIELDS: dict[str, Any] = {
 
 CONFIG_OPTIONS: dict[str, Any] = {
     "default_deferrable": {
-        "description": "Default of the 'deferrable' argument of TrainJobOperator and TrainJobSensor.",
+        "description": (
+            "Default of the 'deferrable' argument of TrainJobOperator and TrainJobSensor. Unset: "
+            "[operators] default_deferrable decides, as for every deferrable operator."
+        ),
         "version_added": "0.1.0",
         "type": "boolean",
-        "example": "False",
-        "default": "True",
+        "example": "True",
+        "default": None,
     },
     "dashboard_url_template": {
         "description": (

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 class TrainJobSensor(BaseSensorOperator):
     """Succeeds when the TrainJob is Complete, fails when it is Failed (skips instead with ``soft_fail``).
 
-    Works in ``poke``/``reschedule`` mode and deferrably (default ``[trainflow] default_deferrable``).
+    Works in ``poke``/``reschedule`` mode and deferrably (default: ``[trainflow] default_deferrable`` if set,
+    else Airflow's ``[operators] default_deferrable``).
     A TrainJob that does not exist yet is waited for (``wait_for_creation``, default True).
     Returns the TrainJobResult dict.
     """
@@ -60,7 +61,7 @@ class TrainJobSensor(BaseSensorOperator):
         }
         self.wait_for_creation = wait_for_creation
         if deferrable is None:  # an explicit mode="reschedule" wins over the deferrable default
-            deferrable = _config.get_bool("default_deferrable") and self.mode == "poke"
+            deferrable = _config.default_deferrable() and self.mode == "poke"
         self.deferrable = deferrable
 
     def _hook(self) -> TrainJobHook:

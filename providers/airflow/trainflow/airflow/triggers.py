@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from trainflow.airflow.hooks import TrainJobHook
+from trainflow.airflow.logstream import LogPumps, StatusLines, pump_logs
 
 if TYPE_CHECKING:
     from trainflow.core.backend import Backend
@@ -19,52 +19,7 @@ if TYPE_CHECKING:
 # only hook is cleanup(), which also runs on triggerer restarts (so it must check the task state first).
 HAS_TRIGGER_ON_KILL = "on_kill" in BaseTrigger.__dict__
 
-
-def pump_logs(
-    backend: Backend,
-    ref: JobRef,
-    emit: Any,
-    *,
-    step: str = "node-0",
-    max_lines: int = 1000,
-    stop: threading.Event | None = None,
-    attempts: int = 30,
-) -> int:
-    """Copy a step's log into ``emit`` as it is written: incremental, at most ``max_lines`` lines.
-
-    Waits for the step to start (its log may not exist yet) and reconnects after drops, skipping the
-    lines it already copied, so nothing is replayed in bulk.
-    """
-    seen = 0
-    for _ in range(attempts):
-        if stop is not None and stop.is_set():
-            break
-        try:
-            count = 0
-            for line in backend.logs(ref, follow=True, step=step):
-                count += 1
-                if count <= seen:
-                    continue
-                seen = count
-                if seen > max_lines:
-                    emit(f"[{step}] log limit of {max_lines} lines reached; further lines are not copied")
-                    return seen
-                emit(f"[{step}] {line.rstrip()}")
-                if stop is not None and stop.is_set():
-                    return seen
-            try:
-                if backend.get(ref).state.terminal:
-                    return seen
-            except Exception:
-                return seen
-        except Exception:
-            pass  # step not started yet or stream dropped: retry below
-        if stop is not None:
-            if stop.wait(2.0):
-                break
-        else:
-            time.sleep(2.0)
-    return seen
+__all__ = ["TrainJobTrigger", "pump_logs"]
 
 
 class TrainJobTrigger(BaseTrigger):
@@ -75,7 +30,8 @@ class TrainJobTrigger(BaseTrigger):
     trigger of one triggerer shares one watch per (cluster, namespace), which re-lists on 410 Gone.
 
     Cancelling the deferred task (user kill) deletes the TrainJob when ``on_kill_action="delete"``; a
-    triggerer restart or redistribution never does.
+    triggerer restart or redistribution never does. ``stream_logs`` copies the logs of ``log_steps``
+    (``node-N``) into the task log, each on a thread of its own (``logstream``).
     """
 
     def __init__(
@@ -91,8 +47,9 @@ class TrainJobTrigger(BaseTrigger):
         wait_for_creation: bool = False,
         poll_interval: float = 10.0,
         stream_logs: bool = False,
-        log_step: str = "node-0",
+        log_steps: Sequence[str] = ("node-0",),
         max_log_lines: int = 1000,
+        log_step: str | None = None,  # serialized by earlier versions: one step
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.name = name
@@ -105,7 +62,7 @@ class TrainJobTrigger(BaseTrigger):
         self.wait_for_creation = wait_for_creation
         self.poll_interval = poll_interval
         self.stream_logs = stream_logs
-        self.log_step = log_step
+        self.log_steps = [log_step] if log_step else list(log_steps)
         self.max_log_lines = max_log_lines
         self._fired = False
         self._backend: Backend | None = None
@@ -124,7 +81,7 @@ class TrainJobTrigger(BaseTrigger):
                 "wait_for_creation": self.wait_for_creation,
                 "poll_interval": self.poll_interval,
                 "stream_logs": self.stream_logs,
-                "log_step": self.log_step,
+                "log_steps": list(self.log_steps),
                 "max_log_lines": self.max_log_lines,
             },
         )
@@ -149,19 +106,16 @@ class TrainJobTrigger(BaseTrigger):
         payload.update(extra)
         return TriggerEvent(payload)  # type: ignore[no-untyped-call]
 
-    def _on_update(self, result: TrainJobResult) -> None:
-        progress = f", progress {result.progress}%" if result.progress is not None else ""
-        self.log.info("TrainJob %s/%s: %s%s", self.namespace, self.name, result.state.value, progress)
-
     async def _wait(self) -> TriggerEvent:
         from trainflow.core.errors import TrainJobFailed, TrainJobNotFound, WaitTimeout
 
         backend = await self._get_backend()
         ref = self._ref()
+        status = StatusLines(str(ref), self.log.info)
         while True:
             try:
                 result = await backend.wait_async(
-                    ref, deadline=self.deadline, raise_on_failure=True, on_update=self._on_update
+                    ref, deadline=self.deadline, raise_on_failure=True, on_update=status
                 )
                 return self._event("success", result)
             except TrainJobFailed as exc:
@@ -183,32 +137,22 @@ class TrainJobTrigger(BaseTrigger):
                 await asyncio.sleep(self.poll_interval)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        stop = threading.Event()
-        pump: asyncio.Future[Any] | None = None
+        pumps: LogPumps | None = None
         try:
             if self.stream_logs:
                 backend = await self._get_backend()
-                pump = asyncio.ensure_future(
-                    asyncio.to_thread(
-                        pump_logs,
-                        backend,
-                        self._ref(),
-                        self.log.info,
-                        step=self.log_step,
-                        max_lines=self.max_log_lines,
-                        stop=stop,
-                    )
-                )
+                pumps = LogPumps(backend, self._ref(), self.log_steps, self.log.info, self.max_log_lines)
+                pumps.start()
             try:
                 event = await self._wait()
             except Exception as exc:  # anything unexpected still ends in exactly one event
                 self.log.exception("Waiting for TrainJob %s/%s failed", self.namespace, self.name)
                 event = self._event("error", message=f"{type(exc).__name__}: {exc}")
-            if pump is not None:
-                # let the last lines arrive, bounded: never hold the event back for long
-                await asyncio.wait({pump}, timeout=5.0)
+            if pumps is not None:
+                await pumps.drain()  # the last lines, bounded: never hold the event back for long
         finally:
-            stop.set()
+            if pumps is not None:
+                pumps.stop()
         self._fired = True
         yield event
 

@@ -28,10 +28,12 @@ from trainflow.core.kube.client import KubeApi
 from trainflow.core.kube.config import load_cluster_config
 from trainflow.core.kube.logs import LogReader, step_target
 from trainflow.core.kube.plan import Plan, arun, run
+from trainflow.core.kube.reportlog import last_report
 from trainflow.core.kube.shared_watch import registry
 from trainflow.core.kube.watch import WATCH_WINDOW, WatchStats, watch_until
 from trainflow.core.observe import UpdateCallback, Waiter, observe, resolve_deadline
-from trainflow.core.result import JobRef, JobState, TrainJobResult, result_from_trainjob
+from trainflow.core.reporting import return_value
+from trainflow.core.result import RETURNS_ANNOTATION, JobRef, JobState, TrainJobResult, result_from_trainjob
 
 if TYPE_CHECKING:
     from trainflow.core.request import TrainJobRequest
@@ -49,16 +51,19 @@ def _selector(labels: Mapping[str, str] | None) -> str | None:
 def finish(
     obj: Mapping[str, Any], raise_on_failure: bool, log_tail_lines: int, captured: Diagnostics | None = None
 ) -> Plan[TrainJobResult]:
-    """A terminal TrainJob -> its result: metrics from rank 0's log only when trainerStatus has none; raise
+    """A terminal TrainJob -> its result: metrics from rank 0's log only when trainerStatus has none (and a function
+    trainer's return value from the same read); raise
     TrainJobFailed with diagnostics on Failed (with what the pods showed while they existed: ``captured``)."""
     result = result_from_trainjob(obj)
-    if result.state is JobState.COMPLETE and not result.metrics:
-        metrics, progress = yield from diagnostics.metrics_from_log(
-            result.namespace, result.name, log_tail_lines
-        )
+    returns = RETURNS_ANNOTATION in ((obj.get("metadata") or {}).get("annotations") or {})
+    if result.state is JobState.COMPLETE and (returns or not result.metrics):
+        lines = yield from diagnostics.rank0_log_tail(result.namespace, result.name, log_tail_lines)
+        metrics, progress = last_report(lines) if not result.metrics else ({}, None)
         if metrics or progress is not None:
             update = {"metrics": metrics, "progress": progress if progress is not None else result.progress}
             result = result.replace(**update)
+        if returns:
+            result = result.replace(return_value=return_value(lines))
     if result.state is JobState.FAILED and raise_on_failure:
         diag = yield from diagnostics.collect(result.namespace, result.name)
         if (
@@ -100,8 +105,9 @@ class KubernetesBackend:
     """TrainJobs on a Kubernetes cluster.
 
     Config: ``kubeconfig`` (one file, or several joined by ``:``), ``context``, ``in_cluster``,
-    ``config_dict`` (inline kubeconfig), ``namespace``; ``submit_timeout``: how long a job may stay without
-    JobSet progress before creation-failure events are looked for; ``pod_stuck_timeout``: how long a pod may
+    ``config_dict`` (inline kubeconfig), ``namespace``, ``verify_ssl`` (False: the server's certificate is not
+    checked); ``submit_timeout``: how long a job may stay without JobSet progress before creation-failure
+    events are looked for; ``pod_stuck_timeout``: how long a pod may
     stay unschedulable or unable to start its containers (image pull, missing config) before ``wait`` raises
     TrainJobFailed (the TrainJob is left as it is); ``log_tail_lines``: how much of rank 0's log is scanned
     for metrics when trainerStatus carries none.
@@ -118,6 +124,7 @@ class KubernetesBackend:
         in_cluster: bool | None = None,
         config_dict: Mapping[str, Any] | None = None,
         namespace: str | None = None,
+        verify_ssl: bool = True,
         submit_timeout: float = 300.0,
         pod_stuck_timeout: float = 120.0,
         log_tail_lines: int = 200,
@@ -129,6 +136,7 @@ class KubernetesBackend:
             in_cluster=in_cluster,
             config_dict=config_dict,
             namespace=namespace,
+            verify_ssl=verify_ssl,
         )
         self.namespace = self.cluster.namespace
         self.api = KubeApi(self.cluster, retry_policy)

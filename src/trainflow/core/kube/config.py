@@ -39,6 +39,7 @@ class ClusterConfig:
     in_cluster: bool = False
     paths: tuple[str, ...] = ()
     config_dict: Mapping[str, Any] | None = None
+    verify_ssl: bool = True  # False: the server's certificate is not checked (cncf's disable_verify_ssl)
     _sync: Any = field(default=None, repr=False, compare=False)
 
     def sync_configuration(self) -> Any:
@@ -146,6 +147,7 @@ def load_cluster_config(
     config_dict: Mapping[str, Any] | None = None,
     namespace: str | None = None,
     sa_namespace_file: str | os.PathLike[str] = SA_NAMESPACE_FILE,
+    verify_ssl: bool = True,
 ) -> ClusterConfig:
     """Resolve a connection. Default: in-cluster when ``KUBERNETES_SERVICE_HOST`` is set, else kubeconfig."""
     use_in_cluster = in_cluster
@@ -162,7 +164,7 @@ def load_cluster_config(
             )
         server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
         ns = discover_namespace(namespace, None, sa_namespace_file)
-        return ClusterConfig(namespace=ns, server=server, in_cluster=True)
+        return ClusterConfig(namespace=ns, server=server, in_cluster=True, verify_ssl=verify_ssl)
     if config_dict is not None:
         docs = [dict(config_dict)]
         where = "the inline kubeconfig"
@@ -185,6 +187,7 @@ def load_cluster_config(
         context=ctx_name,
         paths=paths,
         config_dict=dict(config_dict) if config_dict is not None else None,
+        verify_ssl=verify_ssl,
     )
 
 
@@ -217,6 +220,8 @@ def _load_sync(cluster: ClusterConfig) -> Any:
             )
     except (k8s_config.ConfigException, OSError, ValueError, KeyError) as exc:
         raise _credentials_error(cluster, exc) from exc
+    if not cluster.verify_ssl:
+        cfg.verify_ssl = False
     cfg.retries = False  # tenacity (kube/retry.py) is the one retry layer: no hidden urllib3 retries under it
     cfg.api_key = bearer_keys(cfg.api_key)
     return cfg
@@ -243,6 +248,8 @@ async def _load_async(cluster: ClusterConfig) -> Any:
             )
     except (async_config.ConfigException, OSError, ValueError, KeyError) as exc:
         raise _credentials_error(cluster, exc) from exc
+    if not cluster.verify_ssl:
+        cfg.verify_ssl = False
     cfg.api_key = bearer_keys(cfg.api_key)
     return cfg
 

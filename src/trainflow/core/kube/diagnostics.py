@@ -12,7 +12,6 @@ from typing import Any
 
 from trainflow.core.errors import Diagnostics
 from trainflow.core.kube.plan import Plan, Read, read
-from trainflow.core.kube.reportlog import last_report
 
 log = logging.getLogger(__name__)
 
@@ -236,10 +235,8 @@ def inspect_pods(
     return stuck, (yield from collect(namespace, name))
 
 
-def metrics_from_log(
-    namespace: str, name: str, tail_lines: int
-) -> Plan[tuple[dict[str, float | str], int | None]]:
-    """Best effort: the last TRAINFLOW_REPORT line in the tail of rank 0's log (a pod LIST and a log read)."""
+def rank0_log_tail(namespace: str, name: str, tail_lines: int) -> Plan[list[str]]:
+    """Best effort: the tail of rank 0's log (a pod LIST and a log read; [] when there is none)."""
     selector = (
         f"{JOBSET_NAME_LABEL}={name},{REPLICATED_JOB_LABEL} in (launcher,node),{COMPLETION_INDEX_LABEL}=0"
     )
@@ -248,7 +245,7 @@ def metrics_from_log(
         launcher = [p for p in pods if pod_label(p, REPLICATED_JOB_LABEL) == "launcher"]
         pod = newest(launcher or pods)  # MPI: rank 0 is the launcher
         if pod is None:
-            return {}, None
+            return []
         text = yield read(
             "log_text",
             namespace,
@@ -258,9 +255,9 @@ def metrics_from_log(
             limit_bytes=1 << 20,
         )
     except Exception as exc:
-        log.debug("no metrics from the log of %s/%s: %r", namespace, name, exc)
-        return {}, None
-    return last_report(str(text).splitlines())
+        log.debug("no log tail of %s/%s: %r", namespace, name, exc)
+        return []
+    return str(text).splitlines()
 
 
 def newest(pods: list[dict[str, Any]]) -> dict[str, Any] | None:

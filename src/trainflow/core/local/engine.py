@@ -37,8 +37,15 @@ from trainflow.core.errors import (
 )
 from trainflow.core.local import cleanup, diagnose, logs, policies, store, trust
 from trainflow.core.observe import UpdateCallback, Waiter, observe, resolve_deadline
+from trainflow.core.reporting import return_value
 from trainflow.core.request import TrainJobRequest
-from trainflow.core.result import OUTPUT_URI_ANNOTATION, JobRef, TrainJobResult, result_from_trainjob
+from trainflow.core.result import (
+    OUTPUT_URI_ANNOTATION,
+    RETURNS_ANNOTATION,
+    JobRef,
+    TrainJobResult,
+    result_from_trainjob,
+)
 from trainflow.core.runtimes import Runtime, find_runtime, local_catalog
 
 NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -253,7 +260,8 @@ class LocalBackend:
     ) -> TrainJobResult | None:
         """One look for ``wait``/``wait_async`` (a few small file reads: fine on an event loop too)."""
         jref, job = self._job(ref)
-        out = observe(waiter, self._read(job, jref), time.time())
+        obj = self._read(job, jref)
+        out = observe(waiter, obj, time.time())
         if out.changed and on_update is not None and out.result is not None:
             on_update(out.result)
         result = out.result
@@ -261,6 +269,9 @@ class LocalBackend:
         if out.done:
             if result.state.value == "Failed" and raise_on_failure:
                 raise TrainJobFailed(result, diagnose.diagnose(job, result.reason or ""))
+            if result.succeeded and RETURNS_ANNOTATION in (obj["metadata"].get("annotations") or {}):
+                tail = store.tail_lines(logs.log_path(job, str(jref), "node-0"), 200)
+                result = result.replace(return_value=return_value(tail))
             return result
         if out.timed_out:
             raise WaitTimeout(result.namespace, result.name, result.state.value, time.time() - started)

@@ -1,0 +1,146 @@
+"""What a TrainJob task leaves behind: the identity record and XComs, and how each ending is handled.
+
+A mixin of ``TrainJobOperator``. The backend is built only when an ending needs one (a delete): resuming after
+the trigger fired carries the result in the event, and building a kubernetes backend only to return it cost
+2-3 CPU-seconds per resumed task.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from trainflow.airflow import lineage
+from trainflow.airflow.links import XCOM_KEY
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+    from trainflow.core.backend import Backend
+    from trainflow.core.result import JobRef, TrainJobResult
+
+STATE_STORE_KEY = "trainflow_trainjob"
+ON_KILL_WAIT_SECONDS = 60.0  # the delete usually takes well under a second; a worker SIGKILLs sooner
+
+
+class TrainJobOutcomes:
+    """Identity record, XComs and endings (finish, timeout, kill) of a TrainJob task."""
+
+    if TYPE_CHECKING:
+        log: Any
+        durable: bool
+        on_kill_action: str
+        on_finish_action: str
+        outlets: list[Any]
+        _trainjob_ref: dict[str, Any] | None
+
+        def get_backend(self) -> Backend: ...
+        def _ref(self, name: str, namespace: str | None) -> JobRef: ...
+        def request_fields(self) -> dict[str, Any]: ...
+
+    # -- identity record -------------------------------------------------------------------------
+
+    def _state_store(self, context: Context) -> Any:
+        """Airflow >= 3.3 task state store (durable execution), when this Airflow has one."""
+        if not self.durable:
+            return None
+        try:
+            return context.get("task_state_store")
+        except Exception:
+            return None
+
+    def _earlier(self, context: Context) -> list[str]:
+        """What an earlier try recorded (for the task log only: ``launch`` decides from the cluster)."""
+        store = self._state_store(context)
+        try:
+            value = store.get(STATE_STORE_KEY) if store is not None else None
+        except Exception as exc:
+            self.log.warning("Could not read the task state store: %s", exc)
+            return []
+        if not isinstance(value, dict) or not value.get("name"):
+            return []
+        return [f"{value.get('namespace')}/{value['name']} (attempt {value.get('attempt')})"]
+
+    def _record(self, context: Context, ref: JobRef, attempt: int) -> None:
+        store = self._state_store(context)
+        if store is None:
+            return
+        value = {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid, "attempt": attempt}
+        try:
+            store.set(STATE_STORE_KEY, {k: v for k, v in value.items() if v is not None})
+        except Exception as exc:
+            self.log.warning("Could not record the TrainJob in the task state store: %s", exc)
+
+    def _publish(self, context: Context, ref: JobRef, attempt: int) -> None:
+        """Job name and namespace to XCom (before any deferral), for sensors, links and humans."""
+        self._trainjob_ref = {
+            "name": ref.name,
+            "namespace": ref.namespace,
+            "uid": ref.uid,
+            "attempt": attempt,
+        }
+        ti = context["ti"]
+        ti.xcom_push(key="job_name", value=ref.name)
+        ti.xcom_push(key="job_namespace", value=ref.namespace)
+        ti.xcom_push(key=XCOM_KEY, value={k: v for k, v in self._trainjob_ref.items() if v is not None})
+
+    # -- endings ---------------------------------------------------------------------------------
+
+    def _after_end(self, result: TrainJobResult, backend: Backend | None = None) -> None:
+        action = self.on_finish_action
+        if action == "delete" or (action == "delete_succeeded" and result.succeeded):
+            deleted = (backend or self.get_backend()).cancel(result.ref)
+            self.log.info("on_finish_action=%s: deleted TrainJob %s: %s", action, result.ref, deleted)
+
+    def _finish(self, context: Context, result: TrainJobResult, backend: Backend | None = None) -> Any:
+        """A Complete TrainJob: log it, clean up as asked, record the output asset; the task's return value."""
+        self._after_end(result, backend)
+        metrics = ", ".join(f"{k}={v}" for k, v in result.metrics.items()) or "none"
+        self.log.info(
+            "TrainJob %s %s in %ss; metrics: %s; output: %s",
+            result.ref,
+            result.state.value,
+            result.duration_seconds,
+            metrics,
+            result.output_uri,
+        )
+        output = self.request_fields().get("output_uri")
+        lineage.record_output(context, self.outlets, output if isinstance(output, str) else None)
+        return self._task_return(context, result)
+
+    def _task_return(self, context: Context, result: TrainJobResult) -> Any:
+        """What the task returns (XCom ``return_value``): the TrainJobResult as a dict."""
+        return result.to_dict()
+
+    def _on_timeout(self, ref: JobRef, backend: Backend | None = None) -> None:
+        if self.on_kill_action == "delete":
+            deleted = (backend or self.get_backend()).cancel(ref)
+            self.log.warning("execution_timeout reached: deleted TrainJob %s: %s", ref, deleted)
+        else:
+            self.log.warning("execution_timeout reached: TrainJob %s kept (on_kill_action=keep)", ref)
+
+    def on_kill(self) -> None:
+        """Task killed while running on a worker: delete the TrainJob unless ``on_kill_action='keep'``.
+
+        Airflow calls this from its SIGTERM handler, on the thread the signal interrupted, which may hold a
+        lock this work needs (the task logger's write lock, a connection pool's): taking it here would hang
+        the task forever. So the delete and its log line run on their own thread and this handler only waits,
+        bounded, for the delete itself; the thread is not a daemon, so its log line is written before exit.
+        """
+        ref = self._trainjob_ref
+        if not ref or self.on_kill_action != "delete":
+            return
+        deleted_or_failed = threading.Event()
+        delete: Callable[[], None] = lambda: self._delete_on_kill(ref, deleted_or_failed)  # noqa: E731
+        threading.Thread(target=delete, name=f"trainjob-on-kill-{ref['name']}", daemon=False).start()
+        deleted_or_failed.wait(ON_KILL_WAIT_SECONDS)
+
+    def _delete_on_kill(self, ref: dict[str, Any], done: threading.Event) -> None:
+        try:
+            deleted = self.get_backend().cancel(self._ref(ref["name"], ref.get("namespace")))
+        except Exception:
+            done.set()
+            self.log.exception("Task killed: could not delete TrainJob %s", ref["name"])
+            return
+        done.set()
+        self.log.info("Task killed: deleted TrainJob %s/%s: %s", ref.get("namespace"), ref["name"], deleted)
