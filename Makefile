@@ -6,7 +6,7 @@ VENV := .venv
 RUN := $(UV) run --frozen --extra dev --no-sync
 PYTEST_FLAGS ?= -q
 
-.PHONY: setup demo test test-serial test-fast test-k8s37 reliability-long lint typecheck fmt components check-components e2e bench bench-full clean \
+.PHONY: setup demo test test-serial test-fast test-fast-airflow test-fast-rest test-k8s37 reliability-long lint typecheck fmt components check-components e2e bench bench-full clean \
 	dist test-dist image-tools images image-archive test-images e2e-pods pods-images e2e-airflow test-airflow-floor \
 	provider-reference
 
@@ -45,6 +45,16 @@ check-components: setup
 
 test-fast: setup
 	$(RUN) pytest -m "not e2e and not dist and not images" $(PYTEST_FLAGS)
+
+# test-fast in two halves for make test's lanes: the Airflow-heavy modules (each test starts Airflow processes)
+# and the rest.
+AIRFLOW_FAST := tests/airflow tests/reliability/test_airflow_bad_input.py tests/reliability/test_crash_phases.py \
+	tests/reliability/test_cancellation.py
+test-fast-airflow: setup
+	$(RUN) pytest -m "not e2e and not dist and not images" $(AIRFLOW_FAST) $(PYTEST_FLAGS)
+
+test-fast-rest: setup
+	$(RUN) pytest -m "not e2e and not dist and not images" $(foreach p,$(AIRFLOW_FAST),--ignore=$(p)) $(PYTEST_FLAGS)
 
 # Wheel + sdist (LICENSE and NOTICE inside), then the built wheel in fresh venvs: Airflow floor and newest
 # (offline stand-in constraints in tests/dist/constraints), the kfp extra, the core alone.

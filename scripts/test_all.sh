@@ -2,9 +2,9 @@
 # make test: every suite. The suites that wait on clusters, pods and Airflow run side by side, each on its own
 # testbed instance, while the cold builds they need run at low priority; the checks go first in their own lane.
 #
-#   lane checks : lint typecheck check-components test-fast test-k8s37 test-dist test-images, then e2e
+#   lane checks : lint typecheck check-components test-fast-rest test-k8s37 test-dist test-images, then e2e
 #   lane build  : control plane, then the node components (Go, nice 10)   | images for the pods (in parallel)
-#   lane airflow: e2e-airflow, test-airflow-floor (after the control plane is built)
+#   lane airflow: test-fast-airflow, then e2e-airflow and test-airflow-floor (after the control plane is built)
 #   lane pods   : e2e-pods (after the node components and the images)
 #
 # Each step's output goes to $TRAINFLOW_TEST_LOGS/<step>.log (default build/test-logs); a failing step's log
@@ -44,7 +44,7 @@ await() { # marker: waits for a build marker; fails when the build failed
 
 lane_checks() { # every step runs even after a failure, so one CI run reports every broken suite
   local rc=0 t
-  for t in lint typecheck check-components test-fast test-k8s37 test-dist test-images; do
+  for t in lint typecheck check-components test-fast-rest test-k8s37 test-dist test-images; do
     step "$t" "${MK[@]}" "$t" || rc=1
   done
   await control-plane && step e2e "${MK[@]}" e2e || rc=1
@@ -59,6 +59,7 @@ lane_build_images() {
 }
 lane_airflow() {
   local rc=0
+  step test-fast-airflow "${MK[@]}" test-fast-airflow || rc=1
   await control-plane || return 1
   # its own kwok testbed instance, so it never shares (or stops) the e2e lane's
   TRAINFLOW_TESTBED_DIR=/tmp/trainflow-airflow-testbed TRAINFLOW_TESTBED_PORT_BASE=24380 \

@@ -161,7 +161,7 @@ def backend_config(
         kwargs["config_dict"] = _parse_kubeconfig(inline, conn_id)
     if ctx:
         kwargs["context"] = str(ctx)
-    if _as_bool(_extra_value(extra, "disable_verify_ssl") or False):
+    if _as_bool(_extra_value(extra, "disable_verify_ssl") or False, conn_id, "disable_verify_ssl"):
         kwargs["verify_ssl"] = False  # cncf.kubernetes' switch; disable_tcp_keepalive has no meaning here
     return "kubernetes", kwargs
 

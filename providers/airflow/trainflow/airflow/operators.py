@@ -165,7 +165,11 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
         self.rerun_on_clear = rerun_on_clear
         self.durable = durable
         self._trainjob_ref: dict[str, Any] | None = None
-        arg_check.check(self.request_fields() if isinstance(request, dict | None) else {}, self.task_id)
+        # at parse time: the arguments and ``request`` (``request_file`` is still a template to render then)
+        given = to_request({a: getattr(self, a) for a in REQUEST_ARGS})
+        arg_check.check(
+            {**dict(request or {}), **given} if isinstance(request, dict | None) else {}, self.task_id
+        )
         self.inlets, self.outlets = lineage.declare(self.inlets, self.outlets, dataset_uri, output_uri)
 
     @property
