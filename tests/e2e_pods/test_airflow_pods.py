@@ -85,7 +85,12 @@ def test_retraining_example_dag_trains_on_pods_and_evaluates_the_model_from_the_
         testbed,
         namespace,
         EXAMPLES,
-        {"TRAINFLOW_SHARED_PVC": shared_volume.claim, "TRAINFLOW_SHARED_MOUNT": str(shared_volume.path)},
+        {
+            "TRAINFLOW_SHARED_PVC": shared_volume.claim,
+            "TRAINFLOW_SHARED_MOUNT": str(shared_volume.path),
+            # a deployment with a triggerer: the example's operator follows [operators] default_deferrable
+            "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": "True",
+        },
     )
     t0 = time.monotonic()
     rc, log = run(

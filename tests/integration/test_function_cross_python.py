@@ -16,7 +16,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 FUNCTIONS = REPO / "tests" / "data" / "functions" / "user_functions.py"
-# Loads only errors.py and function_trainer.py (no third-party imports), so a bare interpreter can run it.
+# Loads only errors.py, reporting.py and function_trainer.py (no third-party imports), so a bare interpreter can
+# run it.
 CLIENT = """
 import importlib.util, sys
 def load(name, path):
@@ -27,6 +28,7 @@ def load(name, path):
     return module
 core = sys.argv[1]
 load("trainflow.core.errors", core + "/errors.py")
+load("trainflow.core.reporting", core + "/reporting.py")
 ft = load("trainflow.core.function_trainer", core + "/function_trainer.py")
 user = load("user_functions", sys.argv[2])
 sys.stdout.write(ft.function_code(user.train))
@@ -91,4 +93,6 @@ def test_code_shipped_from_a_312_client_runs_on_python_310(tmp_path: Path) -> No
         cwd=tmp_path,
     )
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["trained", "qwen", "'qwen'", "2"]
+    *printed, marker, returned = run.stdout.split()
+    assert printed == ["trained", "qwen", "'qwen'", "2"]
+    assert marker == "TRAINFLOW_RETURN" and json.loads(returned) == {"name": "qwen"}  # rank 0's return value

@@ -4,7 +4,6 @@ with a short message and bounded memory, and schema errors name the request fiel
 from __future__ import annotations
 
 import itertools
-import os
 import subprocess
 import sys
 import time
@@ -31,15 +30,27 @@ def alias_bomb(levels: int, key: str = "function_kwargs") -> str:
     return f"{head}{key}:\n{body}\n"
 
 
+# Linux carries a process's RSS high-water mark across fork and exec, so a CLI started straight from a large
+# pytest process would report pytest's size. A small fresh interpreter starts it and reports its peak instead.
+MEASURE = (
+    "import os, subprocess, sys\n"
+    "proc = subprocess.Popen(sys.argv[2:], stdout=subprocess.DEVNULL)\n"
+    "_, status, usage = os.wait4(proc.pid, 0)\n"
+    "open(sys.argv[1], 'w').write(str(usage.ru_maxrss))\n"
+    "sys.exit(os.waitstatus_to_exitcode(status))\n"
+)
+
+
 def run_measured(args: list[str], cwd: Path) -> tuple[int, str, float, int]:
     """Exit code, stderr, seconds and peak RSS (KiB) of one CLI run."""
     started = time.monotonic()
-    err_path = cwd / "stderr.txt"
+    err_path, rss_path = cwd / "stderr.txt", cwd / "maxrss.txt"
     with open(err_path, "wb") as err:
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, cwd=cwd)
-        _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, err_path.read_text(errors="replace"), time.monotonic() - started, usage.ru_maxrss
+        code = subprocess.run(
+            [sys.executable, "-c", MEASURE, str(rss_path), *args], stderr=err, cwd=cwd, check=False
+        ).returncode
+    rss = int(rss_path.read_text())
+    return code, err_path.read_text(errors="replace"), time.monotonic() - started, rss
 
 
 @pytest.mark.parametrize(
