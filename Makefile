@@ -99,11 +99,12 @@ test-k8s37: setup
 # conftest. The differential suite compares with the Kubeflow SDK, so it adds the bench extra first.
 # A real control plane (etcd, kube-apiserver, controllers, kwok, JobSet, Trainer) on loopback.
 e2e: setup
-	@set -e; trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh; \
-	  $(RUN) pytest -m e2e tests/e2e $(PYTEST_FLAGS); \
-	  $(RUN) pytest -m e2e tests/reliability $(PYTEST_FLAGS); \
+	@set -e; trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh; rc=0; \
+	  $(RUN) pytest -m e2e tests/e2e $(PYTEST_FLAGS) || rc=1; \
+	  $(RUN) pytest -m e2e tests/reliability $(PYTEST_FLAGS) || rc=1; \
 	  $(UV) sync --frozen --extra dev --extra bench -p 3.11 --quiet; \
-	  $(RUN) --extra bench pytest -m e2e tests/differential $(PYTEST_FLAGS)
+	  $(RUN) --extra bench pytest -m e2e tests/differential $(PYTEST_FLAGS) || rc=1; \
+	  exit $$rc
 
 # The long reliability runs (50,000 dry-run cases, 500-job load) on their own testbed.
 reliability-long: setup
@@ -132,9 +133,10 @@ pods-images: setup dist image-tools
 e2e-pods: setup
 	@set -e; export $(PODS_TESTBED); \
 	  if [ -z "$${TRAINFLOW_TESTBED_IMAGES:-}" ]; then $(MAKE) pods-images; export TRAINFLOW_TESTBED_IMAGES=$(PODS_IMAGES); fi; \
-	  trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh --pods; \
-	  $(RUN) pytest -m e2e tests/e2e_pods --ignore=tests/e2e_pods/teardown $(PYTEST_FLAGS); \
-	  $(RUN) pytest -m e2e tests/e2e_pods/teardown $(PYTEST_FLAGS)
+	  trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh --pods; rc=0; \
+	  $(RUN) pytest -m e2e tests/e2e_pods --ignore=tests/e2e_pods/teardown $(PYTEST_FLAGS) || rc=1; \
+	  $(RUN) pytest -m e2e tests/e2e_pods/teardown $(PYTEST_FLAGS) || rc=1; \
+	  exit $$rc
 
 
 # A real Airflow deployment (tests/airflow_deploy/run.sh): Postgres + scheduler (LocalExecutor) + triggerer +

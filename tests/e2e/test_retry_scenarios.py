@@ -146,7 +146,9 @@ class World:
         core = self.k8s.core
         selector = f"jobset.sigs.k8s.io/jobset-name={name}"
         pods = wait_until(
-            lambda: core.list_namespaced_pod(self.namespace, label_selector=selector).items, 120
+            lambda: core.list_namespaced_pod(self.namespace, label_selector=selector).items,
+            120,
+            f"pods of {name}",
         )
         pod = pods[0].metadata.name
         if ok:
@@ -260,7 +262,9 @@ def step(adapter: Adapter, then: Callable[[Step], None] | None = None, *, ends: 
     proc, log = adapter.start()
     try:
         seen = wait_until(
-            lambda: parse(log.read_text(errors="replace")) or (proc.poll() is not None and "exited"), 400
+            lambda: parse(log.read_text(errors="replace")) or (proc.poll() is not None and "exited"),
+            400,
+            f"the {adapter.name} launch's summary line",
         )
         assert isinstance(seen, Step), log.read_text(errors="replace")[-4000:]
         if then is not None:
