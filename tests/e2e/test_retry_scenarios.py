@@ -289,7 +289,9 @@ def run_scenario(adapter: Adapter, world: World) -> list[Step]:
     steps.append(step(adapter, ends=True))  # 3: reuse
     assert world.backend().cancel(first)  # 4: deleted -> attempt 1 again, which fails
     wait_until(
-        lambda: world.backend().list() == [] or first not in [r.name for r in world.backend().list()], 120
+        lambda: world.backend().list() == [] or first not in [r.name for r in world.backend().list()],
+        120,
+        f"{first} deleted",
     )
     world.reset_control()
     steps.append(step(adapter, lambda s: world.finish(s.name, ok=False), ends=True))
