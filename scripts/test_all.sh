@@ -29,6 +29,8 @@ step() { # name command... : runs one step, logs it, records its time and result
     echo "$name passed ${took}s" >>"$LOGS/summary"; say "passed $name in ${took}s"
   else
     echo "$name FAILED ${took}s (exit $rc)" >>"$LOGS/summary"; say "FAILED $name after ${took}s (exit $rc): last lines of $name.log"
+    # the summary (printed last, so it survives a truncated CI log) names the failing tests too
+    grep -E '^(FAILED|ERROR) ' "$LOGS/$name.log" | head -n 20 | cut -c1-300 | sed 's/^/    /' >>"$LOGS/summary"
     tail -n 150 "$LOGS/$name.log" | sed "s/^/  $name| /"
   fi
   return $rc
