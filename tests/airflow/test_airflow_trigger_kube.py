@@ -41,7 +41,7 @@ def fake(monkeypatch: pytest.MonkeyPatch):
 
 
 async def test_triggers_share_one_watch_and_each_fires_once(fake) -> None:
-    import kubernetes_asyncio.client  # noqa: F401  (imported up front: this test is about sharing, not import time)
+    import aiohttp  # noqa: F401  (imported up front: this test is about sharing, not import time)
 
     from trainflow.core.kube.shared_watch import registry
 

@@ -173,7 +173,9 @@ def test_wait_timeout_leaves_the_job_running(backend: LocalBackend) -> None:
     start = time.monotonic()
     with pytest.raises(WaitTimeout):
         backend.wait(ref, timeout=0.5)
-    assert time.monotonic() - start < 2.0
+    assert (
+        time.monotonic() - start < 10
+    )  # returned at its timeout, not with the 30 s job (generous for loaded CI)
     assert backend.get(ref).state in (JobState.CREATED, JobState.RUNNING)
 
 

@@ -158,9 +158,7 @@ def test_shared_async_watch(fake: FakeApiServer, row: tuple[Any, ...]) -> None:
     reported: list[JobState] = []
 
     async def wait() -> Any:
-        await asyncio.to_thread(
-            importlib.import_module, "kubernetes_asyncio.client"
-        )  # loads once per process
+        await asyncio.to_thread(importlib.import_module, "aiohttp")  # loads once per process
         waiting = asyncio.ensure_future(
             backend.wait_async("job", timeout=DEADLINE, on_update=lambda r: reported.append(r.state))
         )

@@ -1,7 +1,7 @@
 """AsyncKubeApi: the calls an event loop makes (the shared watch, finishing reads), retried and translated once.
 
-The async twin of ``KubeApi`` on kubernetes_asyncio: same retry policy, same error translation, same raw
-JSON. A waiter on an event loop never falls back to the sync client (nor loads it).
+The async twin of ``KubeApi``: same retry policy, same error translation, same raw JSON, over the transport
+of kube/transport.py. A waiter on an event loop never falls back to the sync client (nor loads it).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from trainflow.core.kube import retry
 from trainflow.core.kube.apierrors import translate
 from trainflow.core.kube.client import PLURAL
+from trainflow.core.kube.transport import Query, Transport, path_of
 from trainflow.core.naming import GROUP, VERSION
 
 T = TypeVar("T")
@@ -20,14 +21,10 @@ WATCH_SLACK = 30.0
 
 
 class AsyncKubeApi:
-    """Calls of one connection on one kubernetes_asyncio ApiClient (one aiohttp session, one event loop)."""
+    """Calls of one connection (one aiohttp session, one event loop)."""
 
-    def __init__(self, api_client: Any, policy: retry.RetryPolicy = retry.DEFAULT_POLICY) -> None:
-        from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
-
-        self.api_client = api_client
-        self.custom = CustomObjectsApi(api_client)
-        self.core = CoreV1Api(api_client)
+    def __init__(self, transport: Transport, policy: retry.RetryPolicy = retry.DEFAULT_POLICY) -> None:
+        self.transport = transport
         self.policy = policy
 
     async def _call(
@@ -48,65 +45,63 @@ class AsyncKubeApi:
                 raise
             raise mapped from exc
 
-    async def get_trainjob(self, namespace: str, name: str) -> dict[str, Any]:
-        return await self._call(
-            "get", PLURAL, namespace, name, self.custom.get_namespaced_custom_object,
-            GROUP, VERSION, namespace, PLURAL, name,
-        )  # fmt: skip
+    async def _get_json(self, path: str, query: Query) -> dict[str, Any]:
+        return await _json(await self.transport.get(path, query))
 
-    async def list_trainjobs(self, namespace: str) -> dict[str, Any]:
-        return await self._call(
-            "list", PLURAL, namespace, None, self.custom.list_namespaced_custom_object,
-            GROUP, VERSION, namespace, PLURAL,
-        )  # fmt: skip
-
-    async def watch_trainjobs(self, namespace: str, resource_version: str, timeout_seconds: int) -> Any:
-        """Open a namespace watch; returns the raw aiohttp response (``Gone`` when the version is too old)."""
-        resp = await self._call(
-            "watch", PLURAL, namespace, None, self.custom.list_namespaced_custom_object,
-            GROUP, VERSION, namespace, PLURAL,
-            watch=True, resource_version=resource_version, timeout_seconds=timeout_seconds,
-            allow_watch_bookmarks=True, _preload_content=False, _request_timeout=timeout_seconds + WATCH_SLACK,
-        )  # fmt: skip
-        if not 200 <= resp.status <= 299:
-            body = await resp.text()
-            resp.release()
-            from kubernetes_asyncio.client.exceptions import ApiException
-
-            error = ApiException(status=resp.status, reason=resp.reason)
-            error.body = body
-            mapped = translate(error, "watch", PLURAL, namespace)
-            raise mapped from error
-        return resp
-
-    async def list_pods(self, namespace: str, label_selector: str, limit: int = 100) -> list[dict[str, Any]]:
-        resp = await self._call(
-            "list", "pods", namespace, None, self.core.list_namespaced_pod, namespace,
-            label_selector=label_selector, limit=limit, _preload_content=False,
-        )  # fmt: skip
-        return list((await _json(resp)).get("items") or [])
-
-    async def list_events(
-        self, namespace: str, field_selector: str, limit: int = 200
-    ) -> list[dict[str, Any]]:
-        resp = await self._call(
-            "list", "events", namespace, None, self.core.list_namespaced_event, namespace,
-            field_selector=field_selector, limit=limit, _preload_content=False,
-        )  # fmt: skip
-        return list((await _json(resp)).get("items") or [])
-
-    async def log_text(
-        self, namespace: str, pod: str, container: str, *, tail_lines: int, limit_bytes: int
-    ) -> str:
-        resp: Any = await self._call(
-            "get", "pods/log", namespace, pod, self.core.read_namespaced_pod_log, pod, namespace,
-            container=container, tail_lines=tail_lines, limit_bytes=limit_bytes, _preload_content=False,
-        )  # fmt: skip
+    async def _get_text(self, path: str, query: Query) -> str:
+        resp = await self.transport.get(path, query)
         try:
             data = await resp.read()
         finally:
             resp.release()
-        return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+        return data.decode("utf-8", "replace")
+
+    async def get_trainjob(self, namespace: str, name: str) -> dict[str, Any]:
+        path = path_of("apis", GROUP, VERSION, "namespaces", namespace, PLURAL, name)
+        return await self._call("get", PLURAL, namespace, name, self._get_json, path, {})
+
+    async def list_trainjobs(self, namespace: str) -> dict[str, Any]:
+        path = path_of("apis", GROUP, VERSION, "namespaces", namespace, PLURAL)
+        return await self._call("list", PLURAL, namespace, None, self._get_json, path, {})
+
+    async def watch_trainjobs(self, namespace: str, resource_version: str, timeout_seconds: int) -> Any:
+        """Open a namespace watch; returns the unread response (``Gone`` when the version is too old)."""
+        path = path_of("apis", GROUP, VERSION, "namespaces", namespace, PLURAL)
+        query: Query = {
+            "watch": True,
+            "resourceVersion": resource_version,
+            "timeoutSeconds": timeout_seconds,
+            "allowWatchBookmarks": True,
+        }
+        return await self._call(
+            "watch", PLURAL, namespace, None, self.transport.get, path, query,
+            timeout=timeout_seconds + WATCH_SLACK,
+        )  # fmt: skip
+
+    async def list_pods(self, namespace: str, label_selector: str, limit: int = 100) -> list[dict[str, Any]]:
+        path = path_of("api", "v1", "namespaces", namespace, "pods")
+        query: Query = {"labelSelector": label_selector, "limit": limit}
+        return list(
+            (await self._call("list", "pods", namespace, None, self._get_json, path, query)).get("items")
+            or []
+        )
+
+    async def list_events(
+        self, namespace: str, field_selector: str, limit: int = 200
+    ) -> list[dict[str, Any]]:
+        path = path_of("api", "v1", "namespaces", namespace, "events")
+        query: Query = {"fieldSelector": field_selector, "limit": limit}
+        return list(
+            (await self._call("list", "events", namespace, None, self._get_json, path, query)).get("items")
+            or []
+        )
+
+    async def log_text(
+        self, namespace: str, pod: str, container: str, *, tail_lines: int, limit_bytes: int
+    ) -> str:
+        path = path_of("api", "v1", "namespaces", namespace, "pods", pod, "log")
+        query: Query = {"container": container, "tailLines": tail_lines, "limitBytes": limit_bytes}
+        return await self._call("get", "pods/log", namespace, pod, self._get_text, path, query)
 
 
 async def _json(resp: Any) -> dict[str, Any]:

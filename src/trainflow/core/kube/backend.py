@@ -8,6 +8,7 @@ a TrainJob means, and the reads that explain an ending (metrics, diagnostics) ar
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import time
 from collections.abc import Iterator, Mapping
@@ -30,6 +31,7 @@ from trainflow.core.kube.logs import LogReader, step_target
 from trainflow.core.kube.plan import Plan, arun, run
 from trainflow.core.kube.reportlog import last_report
 from trainflow.core.kube.shared_watch import registry
+from trainflow.core.kube.transport import open_transport
 from trainflow.core.kube.watch import WATCH_WINDOW, WatchStats, watch_until
 from trainflow.core.observe import UpdateCallback, Waiter, observe, resolve_deadline
 from trainflow.core.reporting import return_value
@@ -309,7 +311,7 @@ class KubernetesBackend:
         captured: list[Diagnostics] = []
         reg = registry()
         key = (self.cluster.server, r.namespace)
-        async with reg.subscribe(key, self.cluster.async_configuration, r.name) as box:
+        async with reg.subscribe(key, functools.partial(open_transport, self.cluster), r.name) as box:
             while True:
                 # jittered, so waiters started together (triggerer restart, fan-out) do not wake together
                 window = self._window() * random.uniform(0.8, 1.2)

@@ -1,10 +1,11 @@
 """Where the cluster is and how to reach it: kubeconfig files, an inline kubeconfig, or the in-cluster account.
 
 The connection is resolved from the kubeconfig text alone (context, server, namespace), the way kubectl merges
-several files, so making a backend imports no client library. Each client library then loads the credentials
-for that same context when it is first used: ``sync_configuration`` (kubernetes) for reads and creates,
-``async_configuration`` (kubernetes_asyncio) for the shared watch. The process-wide default configurations of
-both libraries are never touched, so several clusters and contexts can live in one process.
+several files, so making a backend imports no client library. The credentials for that same context are loaded
+when first used: ``sync_configuration`` (kubernetes) for reads and creates; for the shared watch,
+kube/credentials.py reads them itself, and ``async_configuration`` (kubernetes_asyncio) covers the kinds it does
+not read. The process-wide default configurations of both libraries are never touched, so several clusters and
+contexts can live in one process.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class ClusterConfig:
         return self._sync
 
     async def async_configuration(self) -> Any:
-        """A fresh kubernetes_asyncio Configuration for this connection (re-runs exec plugins)."""
+        """A fresh kubernetes_asyncio Configuration (auth-provider and basic-auth users; re-runs exec plugins)."""
         return await _load_async(self)
 
 
@@ -66,7 +67,7 @@ def kubeconfig_paths(kubeconfig: str | os.PathLike[str] | None = None) -> list[P
     return split_paths(env) if env else split_paths(DEFAULT_KUBECONFIG)
 
 
-def _read_kubeconfigs(paths: Sequence[Path]) -> list[dict[str, Any]]:
+def read_kubeconfigs(paths: Sequence[Path]) -> list[dict[str, Any]]:
     docs = []
     for path in paths:
         try:
@@ -176,7 +177,7 @@ def load_cluster_config(
             raise BackendError(
                 f"no kubeconfig found at {os.pathsep.join(str(p) for p in candidates)}; {HOW_TO_CONNECT}"
             )
-        docs = _read_kubeconfigs(existing)
+        docs = read_kubeconfigs(existing)
         where = f"kubeconfig {os.pathsep.join(str(p) for p in existing)}"
         paths = tuple(str(p) for p in existing)
     ctx_name, ctx_ns = context_namespace(docs, context)

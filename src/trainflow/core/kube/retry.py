@@ -36,7 +36,7 @@ DEFAULT_POLICY = RetryPolicy()
 
 
 def status_of(exc: BaseException) -> int | None:
-    """HTTP status of a kubernetes / kubernetes_asyncio ApiException (None for other errors)."""
+    """HTTP status of an ApiException: the client libraries' or kube/transport.py's (None for other errors)."""
     status = getattr(exc, "status", None)
     if isinstance(status, int) and type(exc).__name__ == "ApiException":
         return status
@@ -156,7 +156,7 @@ async def acall(
     deadline: float | None = None,
     **kwargs: Any,
 ) -> T:
-    """``call`` for coroutines (kubernetes_asyncio)."""
+    """``call`` for coroutines (the async transport)."""
     import tenacity
 
     async for attempt in tenacity.AsyncRetrying(**_tenacity_kwargs(policy, deadline)):

@@ -13,7 +13,8 @@ import contextlib
 import importlib
 import logging
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,12 +22,13 @@ from trainflow.core.errors import BackendError, TrainJobNotFound, Transient, Una
 from trainflow.core.kube import retry
 from trainflow.core.kube.aio import AsyncKubeApi
 from trainflow.core.kube.apierrors import Gone
+from trainflow.core.kube.transport import Transport
 from trainflow.core.kube.watch import WatchStats, parse_event
 
 log = logging.getLogger(__name__)
 
 WatchKey = tuple[str, str]  # (server URL, namespace)
-ConfigFactory = Callable[[], Awaitable[Any]]  # -> a fresh kubernetes_asyncio Configuration
+Connect = Callable[[], AbstractAsyncContextManager[Transport]]  # a transport with freshly loaded credentials
 MAX_REAUTH = 3  # 401s in a row (an expired exec-plugin token): reload the credentials, then give up
 
 WINDOW = 300
@@ -65,14 +67,14 @@ class NamespaceWatch:
     """The shared watch task of one (server, namespace) in one event loop."""
 
     key: WatchKey
-    config_factory: ConfigFactory
+    connect: Connect
     mailboxes: dict[str, set[Mailbox]] = field(default_factory=dict)
     objects: dict[str, dict[str, Any]] = field(default_factory=dict)
     stats: WatchStats = field(default_factory=WatchStats)
     synced: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     api: AsyncKubeApi | None = None
-    client_import: asyncio.Future[Any] | None = None  # the loop's one off-loop import of kubernetes_asyncio
+    client_import: asyncio.Future[Any] | None = None  # the loop's one off-loop import of aiohttp
 
     @property
     def namespace(self) -> str:
@@ -143,18 +145,16 @@ class NamespaceWatch:
     async def run(self) -> None:
         if self.client_import is not None:
             await asyncio.shield(self.client_import)  # never import on the loop: it would block every waiter
-        from kubernetes_asyncio.client import ApiClient
 
         reauth = 0
         while True:
             try:
-                configuration = await self.config_factory()
-            except Exception as exc:
+                async with self.connect() as transport:
+                    self.api = AsyncKubeApi(transport)
+                    outcome = await self._loop(self.api)
+            except Exception as exc:  # the credentials could not be loaded
                 self._fail_all(exc)
                 return
-            async with ApiClient(configuration=configuration) as api_client:
-                self.api = AsyncKubeApi(api_client)
-                outcome = await self._loop(self.api)
             if outcome == "reauth" and reauth < MAX_REAUTH:
                 reauth += 1
                 log.info("shared TrainJob watch %s: credentials rejected; reloading them", self.key)
@@ -237,22 +237,16 @@ class WatchRegistry:
         return watch.api
 
     @contextlib.asynccontextmanager
-    async def subscribe(
-        self, key: WatchKey, config_factory: ConfigFactory, name: str
-    ) -> AsyncIterator[Mailbox]:
+    async def subscribe(self, key: WatchKey, connect: Connect, name: str) -> AsyncIterator[Mailbox]:
         """Register a waiter for one TrainJob name; yields its Mailbox, pre-filled from the cache."""
         if self._client_import is None:
-            # A big generated package: import it once per loop, in a thread; watch tasks await that one import
+            # Import the HTTP client once per loop, in a thread; watch tasks await that one import
             # (checking sys.modules instead lets a second waiter block the loop on the import lock).
-            self._client_import = asyncio.ensure_future(
-                asyncio.to_thread(importlib.import_module, "kubernetes_asyncio.client")
-            )
+            self._client_import = asyncio.ensure_future(asyncio.to_thread(importlib.import_module, "aiohttp"))
         watch = self.watches.get(key)
         if watch is None or watch.task is None or watch.task.done():
             stats = self.key_stats.setdefault(key, WatchStats())
-            watch = NamespaceWatch(
-                key=key, config_factory=config_factory, stats=stats, client_import=self._client_import
-            )
+            watch = NamespaceWatch(key=key, connect=connect, stats=stats, client_import=self._client_import)
             self.watches[key] = watch
             watch.task = asyncio.get_running_loop().create_task(watch.run(), name=f"trainflow-watch-{key[1]}")
             self.started += 1
