@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 Query = Mapping[str, str | int | bool]
 CONNECT_TIMEOUT = 15.0
 READ_TIMEOUT = 60.0  # a plain GET whose answer stalls this long is retried (kube/retry.py)
+POOL_SIZE = 100  # connections per shared watch: the watch plus finishing reads of a burst (kubernetes_asyncio: 100)
 
 
 class ApiException(Exception):
@@ -147,6 +148,6 @@ async def open_transport(cluster: ClusterConfig) -> AsyncIterator[Transport]:
         raise BackendError(f"cannot load the TLS credentials of the {where}: {exc}") from None
     import aiohttp  # the shared watch imported it off the loop
 
-    connector = aiohttp.TCPConnector(ssl=tls if tls is not None else False, limit=16)
+    connector = aiohttp.TCPConnector(ssl=tls if tls is not None else False, limit=POOL_SIZE)
     async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
         yield AiohttpTransport(creds, session)
