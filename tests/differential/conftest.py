@@ -174,9 +174,18 @@ def outcomes(request: pytest.FixtureRequest, testbed: Any) -> Iterator[dict[str,
             (side, i.id) for i in INTENTS for side in ("sdk", "tf") if not getattr(result[i.id], side).error
         }
         names = {i.id: i.name for i in INTENTS}
+        # every pod seen while waiting, by namespace and name: once a launcher completes its job, the JobSet
+        # stops the job's other pods, so a single list at the end can miss pods the Trainer did make
+        seen: dict[str, dict[str, dict[str, Any]]] = {ns: {} for ns in namespaces.values()}
+
+        def collect(ns: str) -> None:
+            for pod in core.list_namespaced_pod(ns).items:
+                seen[ns][pod.metadata.name] = testbed.api_client.sanitize_for_serialization(pod)
+
         while pending and time.monotonic() - t0 < WAIT_SECONDS:
             for side, ns in namespaces.items():
                 _bind_claims(core, ns)
+                collect(ns)
                 jobs = {
                     j["metadata"]["name"]: j
                     for j in custom.list_namespaced_custom_object(GROUP, VERSION, ns, "trainjobs")["items"]
@@ -191,9 +200,9 @@ def outcomes(request: pytest.FixtureRequest, testbed: Any) -> Iterator[dict[str,
                 j["metadata"]["name"]: j
                 for j in custom.list_namespaced_custom_object(GROUP, VERSION, ns, "trainjobs")["items"]
             }
+            collect(ns)
             pods: dict[str, list[dict[str, Any]]] = defaultdict(list)
-            for pod in core.list_namespaced_pod(ns).items:
-                raw = testbed.api_client.sanitize_for_serialization(pod)
+            for raw in seen[ns].values():
                 pods[(raw["metadata"].get("labels") or {}).get("jobset.sigs.k8s.io/jobset-name", "")].append(
                     raw
                 )

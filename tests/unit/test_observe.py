@@ -81,6 +81,11 @@ IDS = [row[0] for row in TABLE]
 DEADLINE = 4.0  # for the "deadline" row: the statuses stop, the wait must end on its own
 
 
+def timeout_of(row: tuple[Any, ...]) -> float:
+    """The wait's timeout: short for the deadline row, roomy for the others (they end on their own)."""
+    return DEADLINE if row[3] == "timeout" else 60.0
+
+
 def expect(reported: list[JobState], ending: Any, row: tuple[Any, ...]) -> None:
     _, _, states, end = row
     assert [s.value for s in reported] == states
@@ -115,15 +120,25 @@ def test_pure_state_machine(row: tuple[Any, ...]) -> None:
     expect(reported, ending, row)
 
 
-def feed_slowly(
-    statuses: list[dict[str, Any]], write: Callable[[dict[str, Any]], None], pause: float
+def reports_after(statuses: list[dict[str, Any]]) -> int:
+    """How many updates the pure state machine reports for these statuses, in order."""
+    waiter = Waiter(deadline=time.time() + 3600)
+    return sum(1 for st in statuses if (out := observe(waiter, obj(st), time.time())).changed and out.result)
+
+
+def feed(
+    statuses: list[dict[str, Any]], write: Callable[[dict[str, Any]], None], reported: list[JobState]
 ) -> threading.Thread:
-    """The rest of a row, one status per ``pause`` (the first is written before the wait starts)."""
+    """The rest of a row (the first status is written before the wait starts): each next status once the waiter
+    has reported what the statuses so far make news (its own pace, loaded CI or not), then a short pause."""
 
     def run() -> None:
-        for status in statuses:
-            time.sleep(pause)
-            write(status)
+        for i in range(1, len(statuses)):
+            due, deadline = reports_after(statuses[:i]), time.monotonic() + 60
+            while len(reported) < due and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.3)  # a status that is not news (no report to wait for) still gets read alone
+            write(statuses[i])
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -144,9 +159,11 @@ def test_sync_watch(fake: FakeApiServer, row: tuple[Any, ...]) -> None:
     backend.get("job")  # the client library loads on first use: not inside the measured deadline
     reported: list[JobState] = []
     fake.set_status("job", row[1][0])
-    feed_slowly(row[1][1:], lambda s: fake.set_status("job", s), 0.3)
+    feed(row[1], lambda s: fake.set_status("job", s), reported)
     try:
-        ending: Any = backend.wait("job", timeout=DEADLINE, on_update=lambda r: reported.append(r.state))
+        ending: Any = backend.wait(
+            "job", timeout=timeout_of(row), on_update=lambda r: reported.append(r.state)
+        )
     except (TrainJobFailed, WaitTimeout) as exc:
         ending = exc
     expect(reported, ending, row)
@@ -160,13 +177,13 @@ def test_shared_async_watch(fake: FakeApiServer, row: tuple[Any, ...]) -> None:
     async def wait() -> Any:
         await asyncio.to_thread(importlib.import_module, "aiohttp")  # loads once per process
         waiting = asyncio.ensure_future(
-            backend.wait_async("job", timeout=DEADLINE, on_update=lambda r: reported.append(r.state))
+            backend.wait_async("job", timeout=timeout_of(row), on_update=lambda r: reported.append(r.state))
         )
         for _ in range(300):  # the shared watch is open: every later status is an event, not a re-list
             if fake.open_watches:
                 break
             await asyncio.sleep(0.05)
-        feed_slowly(row[1][1:], lambda s: fake.set_status("job", s), 0.3)
+        feed(row[1], lambda s: fake.set_status("job", s), reported)
         try:
             return await waiting
         except (TrainJobFailed, WaitTimeout) as exc:
@@ -196,10 +213,10 @@ def test_local_engine(tmp_path: Path) -> None:
 
         try:
             write(row[1][0])
-            feed_slowly(row[1][1:], write, 0.3)
+            feed(row[1], write, reported)
             try:
                 ending: Any = backend.wait(
-                    row[0], timeout=DEADLINE, on_update=lambda r, seen=reported: seen.append(r.state)
+                    row[0], timeout=timeout_of(row), on_update=lambda r, seen=reported: seen.append(r.state)
                 )
             except (TrainJobFailed, WaitTimeout) as exc:
                 ending = exc
