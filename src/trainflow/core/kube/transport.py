@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 Query = Mapping[str, str | int | bool]
 CONNECT_TIMEOUT = 15.0
 READ_TIMEOUT = 60.0  # a plain GET whose answer stalls this long is retried (kube/retry.py)
-POOL_SIZE = 100  # connections per shared watch: the watch plus finishing reads of a burst (kubernetes_asyncio: 100)
+POOL_SIZE = 100  # per shared watch: the watch plus a burst of finishing reads (as kubernetes_asyncio)
 
 
 class ApiException(Exception):
