@@ -25,7 +25,7 @@ from trainflow.core.errors import TrainJobFailed, WaitTimeout
 from trainflow.core.kube.backend import KubernetesBackend
 from trainflow.core.local import store
 from trainflow.core.local.engine import LocalBackend
-from trainflow.core.observe import Waiter, observe
+from trainflow.core.observe import POD_CHECK_SECONDS, Waiter, observe
 from trainflow.core.result import JobState
 
 T0 = "2026-11-29T10:00:00Z"
@@ -223,3 +223,22 @@ def test_local_engine(tmp_path: Path) -> None:
         finally:
             os.close(fd)
         expect(reported, ending, row)
+
+
+def test_a_waiter_of_its_own_looks_at_pods_the_status_calls_ready() -> None:
+    """The Trainer's ready counts lag behind a crash: a sync waiter looks every POD_CHECK_SECONDS anyway, a
+    waiter on the shared watch only when the counts say pods are not ready."""
+    now = time.time()
+    own = Waiter(deadline=now + 3600, pod_checks=True, pod_check_every=POD_CHECK_SECONDS)
+    shared = Waiter(deadline=now + 3600, pod_checks=True)
+    for waiter in (own, shared):
+        assert not observe(waiter, obj(CREATED), now).check_pods  # no jobsStatus: no pods yet
+    assert observe(own, obj(RUNNING), now).check_pods
+    assert not observe(shared, obj(RUNNING), now).check_pods  # 2 active, 2 ready
+    assert not observe(own, None, now + 1).check_pods  # looked a second ago
+    assert own.next_check(now + 1, 300) <= POD_CHECK_SECONDS
+    assert shared.next_check(now + 1, 300) == pytest.approx(300, abs=1)
+    assert observe(own, None, now + POD_CHECK_SECONDS + 0.1).check_pods
+    crashed = {"jobsStatus": [{"name": "node", "active": 2, "ready": 1}]}
+    assert observe(shared, obj(crashed), now + 2).check_pods  # the counts say so: both look
+    assert not observe(own, obj(FAILED), now + 20).check_pods  # terminal: the pods are gone

@@ -11,7 +11,9 @@ feed each version of the TrainJob (or ``None`` when a quiet period passed) to ``
   creation-failure events, at most every ``recheck`` seconds;
 * pods not ready (the Trainer's ``jobsStatus`` counts fewer ready than active pods): the waiter looks at the pods
   every ``POD_CHECK_SECONDS`` - a pod that cannot be scheduled or pull its image never fails the TrainJob, and a
-  crashed container's exit code and log are gone once the Job deletes its pods;
+  crashed container's exit code and log are gone once the Job deletes its pods (before the TrainJob turns
+  Failed). The Trainer's counts lag behind the pods, so a waiter of its own (``pod_check_every``) also looks
+  at that pace while the job has pods, ready or not; waiters sharing one watch rely on the counts alone;
 * the deadline: an absolute time, so a wait resumed elsewhere (a triggerer) keeps the task's deadline.
 """
 
@@ -68,6 +70,7 @@ class Waiter:
     deadline: float | None = None
     submit_timeout: float | None = None
     pod_checks: bool = False
+    pod_check_every: float | None = None  # also look at the pods this often while the job has any
     pods_checked_at: float | None = None
     recheck: float = CREATION_RECHECK_SECONDS
     result: TrainJobResult | None = None
@@ -85,11 +88,19 @@ class Waiter:
         pause = min(window, self.remaining(now))
         if self.pods_not_ready():
             pause = min(pause, POD_CHECK_SECONDS)
+        if self.pod_check_every is not None and self.has_pods():
+            pause = min(pause, self.pod_check_every)
         if self._may_be_stuck() and self.result is not None and self.submit_timeout is not None:
             created = self.result.created_at.timestamp() if self.result.created_at else now
             due = max(created + self.submit_timeout, (self.checked_at or -math.inf) + self.recheck)
             pause = min(pause, due - now)
         return max(0.0, pause)
+
+    def has_pods(self) -> bool:
+        """A job not yet terminal whose JobSet reports jobs (its pods exist or are coming)."""
+        if not self.pod_checks or self.obj is None or self.result is None or self.result.state.terminal:
+            return False
+        return bool((self.obj.get("status") or {}).get("jobsStatus"))
 
     def pods_not_ready(self) -> bool:
         """A Created or Running job with fewer ready than active pods (pending, pulling, crashed)."""
@@ -135,9 +146,13 @@ def observe(waiter: Waiter, obj: Mapping[str, Any] | None, now: float) -> Outcom
 
 
 def _pod_check_due(waiter: Waiter, now: float) -> bool:
-    if not waiter.pods_not_ready():
+    if waiter.pods_not_ready():
+        every = 1.0  # news of pods not ready: look now, at most once a second
+    elif waiter.pod_check_every is not None and waiter.has_pods():
+        every = waiter.pod_check_every
+    else:
         return False
-    if waiter.pods_checked_at is not None and now - waiter.pods_checked_at < 1.0:
+    if waiter.pods_checked_at is not None and now - waiter.pods_checked_at < every:
         return False
     waiter.pods_checked_at = now
     return True

@@ -33,7 +33,7 @@ from trainflow.core.kube.reportlog import last_report
 from trainflow.core.kube.shared_watch import registry
 from trainflow.core.kube.transport import open_transport
 from trainflow.core.kube.watch import WATCH_WINDOW, WatchStats, watch_until
-from trainflow.core.observe import UpdateCallback, Waiter, observe, resolve_deadline
+from trainflow.core.observe import POD_CHECK_SECONDS, UpdateCallback, Waiter, observe, resolve_deadline
 from trainflow.core.reporting import return_value
 from trainflow.core.result import RETURNS_ANNOTATION, JobRef, JobState, TrainJobResult, result_from_trainjob
 
@@ -235,9 +235,11 @@ class KubernetesBackend:
         return result_from_trainjob(self.api.get_trainjob(r.namespace, r.name))
 
     # --- wait -----------------------------------------------------------------------------------------
-    def _waiter(self, timeout: float | None, deadline: float | None) -> Waiter:
+    def _waiter(self, timeout: float | None, deadline: float | None, *, own: bool) -> Waiter:
+        """``own``: one waiter per process (sync), which can afford a pod LIST every POD_CHECK_SECONDS."""
+        every, until = POD_CHECK_SECONDS if own else None, resolve_deadline(timeout, deadline)
         return Waiter(
-            deadline=resolve_deadline(timeout, deadline), submit_timeout=self.submit_timeout, pod_checks=True
+            deadline=until, submit_timeout=self.submit_timeout, pod_checks=True, pod_check_every=every
         )
 
     def _window(self) -> float:
@@ -256,7 +258,7 @@ class KubernetesBackend:
         """Watch until Complete/Failed or the deadline (WaitTimeout; the job keeps running)."""
         r = self._ref(ref)
         started = time.time()
-        waiter = self._waiter(timeout, deadline)
+        waiter = self._waiter(timeout, deadline, own=True)
         stuck: list[Diagnostics] = []
         captured: list[Diagnostics] = []
         failures: list[TrainJobFailed] = []
@@ -307,7 +309,7 @@ class KubernetesBackend:
         """``wait`` for event loops: every waiter of this loop shares one watch per (server, namespace)."""
         r = self._ref(ref)
         started = time.time()
-        waiter = self._waiter(timeout, deadline)
+        waiter = self._waiter(timeout, deadline, own=False)
         captured: list[Diagnostics] = []
         reg = registry()
         key = (self.cluster.server, r.namespace)
