@@ -104,8 +104,9 @@ class Waiter:
 
     def pods_not_ready(self) -> bool:
         """A Created or Running job with fewer ready than active pods (pending, pulling, crashed)."""
-        if not self.pod_checks or self.obj is None or self.result is None or self.result.state.terminal:
+        if not self.has_pods():
             return False
+        assert self.obj is not None
         jobs = (self.obj.get("status") or {}).get("jobsStatus") or []
         return any(
             int(j.get("active") or 0) > int(j.get("ready") or 0) for j in jobs if isinstance(j, Mapping)

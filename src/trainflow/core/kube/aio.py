@@ -46,15 +46,12 @@ class AsyncKubeApi:
             raise mapped from exc
 
     async def _get_json(self, path: str, query: Query) -> dict[str, Any]:
-        return await _json(await self.transport.get(path, query))
+        data = await _read(await self.transport.get(path, query))
+        out = json.loads(data) if data else {}
+        return out if isinstance(out, dict) else {}
 
     async def _get_text(self, path: str, query: Query) -> str:
-        resp = await self.transport.get(path, query)
-        try:
-            data = await resp.read()
-        finally:
-            resp.release()
-        return data.decode("utf-8", "replace")
+        return (await _read(await self.transport.get(path, query))).decode("utf-8", "replace")
 
     async def get_trainjob(self, namespace: str, name: str) -> dict[str, Any]:
         path = path_of("apis", GROUP, VERSION, "namespaces", namespace, PLURAL, name)
@@ -104,10 +101,9 @@ class AsyncKubeApi:
         return await self._call("get", "pods/log", namespace, pod, self._get_text, path, query)
 
 
-async def _json(resp: Any) -> dict[str, Any]:
+async def _read(resp: Any) -> bytes:
+    """The whole body; the connection goes back to the pool either way."""
     try:
-        data = await resp.read()
+        return bytes(await resp.read())
     finally:
         resp.release()
-    out = json.loads(data) if data else {}
-    return out if isinstance(out, dict) else {}

@@ -81,14 +81,21 @@ def read_kubeconfigs(paths: Sequence[Path]) -> list[dict[str, Any]]:
     return docs
 
 
-def _entry(docs: Sequence[Mapping[str, Any]], section: str, name: str) -> Mapping[str, Any] | None:
-    """The first entry of that name in any document (kubectl: the first file to set a key wins)."""
-    for doc in docs:
+def entry_at(
+    docs: Sequence[Mapping[str, Any]], section: str, name: str
+) -> tuple[Mapping[str, Any], int] | None:
+    """The first entry of that name, and the index of its document (kubectl: the first file to set a key wins)."""
+    for i, doc in enumerate(docs):
         for entry in doc.get(section) or []:
             if isinstance(entry, Mapping) and entry.get("name") == name:
                 value = entry.get(section[:-1])
-                return value if isinstance(value, Mapping) else {}
+                return (value if isinstance(value, Mapping) else {}), i
     return None
+
+
+def _entry(docs: Sequence[Mapping[str, Any]], section: str, name: str) -> Mapping[str, Any] | None:
+    found = entry_at(docs, section, name)
+    return found[0] if found else None
 
 
 def context_namespace(

@@ -27,6 +27,7 @@ from trainflow.core.kube.config import (
     SA_TOKEN_FILE,
     ClusterConfig,
     context_namespace,
+    entry_at,
     read_kubeconfigs,
 )
 
@@ -184,13 +185,9 @@ def _parse_time(text: str) -> float:
 def _entry_with_dir(
     docs: Sequence[tuple[Mapping[str, Any], Path]], section: str, name: str
 ) -> tuple[Mapping[str, Any], Path] | None:
-    """The first entry of that name, with the directory its relative paths are relative to (kubectl's rule)."""
-    for doc, base in docs:
-        for entry in doc.get(section) or []:
-            if isinstance(entry, Mapping) and entry.get("name") == name:
-                value = entry.get(section[:-1])
-                return (value if isinstance(value, Mapping) else {}), base
-    return None
+    """The entry, with the directory its relative paths are relative to (kubectl's rule)."""
+    found = entry_at([doc for doc, _ in docs], section, name)
+    return (found[0], docs[found[1]][1]) if found else None
 
 
 def _path(value: Any, base: Path) -> str | None:
