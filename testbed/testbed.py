@@ -91,6 +91,7 @@ def components(L: Layout) -> list[str]:
 
 
 KWOK_NODES = ["kwok-node-0", "kwok-node-1"]
+KWOK_NODE_IP = "127.0.0.1"  # kwok serves the nodes' kubelet API (logs) here
 # What every simulated container "prints" (served by kwok for pods/log requests).
 # CRI log format ("<RFC3339Nano> <stream> <F|P> <line>"), which kwok parses.
 SIMULATED_LOG = (
@@ -676,6 +677,13 @@ def kwok_nodes() -> list[dict]:
                 },
                 "spec": {},
                 "status": {
+                    # Both address kinds, as a kubelet registers them: kwok's node-initialize stage
+                    # renders an empty "addresses:" (which clears them) when it re-initializes a
+                    # node that lacks either, e.g. after a missed lease turned it Ready=Unknown.
+                    "addresses": [
+                        {"type": "InternalIP", "address": KWOK_NODE_IP},
+                        {"type": "Hostname", "address": n},
+                    ],
                     "allocatable": {
                         "cpu": "64",
                         "memory": "256Gi",
@@ -767,7 +775,7 @@ def _start_kwok(L: Layout) -> None:
             "--manage-nodes-with-annotation-selector",
             "kwok.x-k8s.io/node=fake",
             "--node-ip",
-            "127.0.0.1",
+            KWOK_NODE_IP,
             "--node-port",
             str(P["kwok"]),
             "--server-address",

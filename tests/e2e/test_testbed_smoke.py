@@ -431,6 +431,22 @@ def test_pod_logs_served_through_apiserver(k8s, namespace, testbed):
     text = k8s.core.read_namespaced_pod_log(rank0[0].metadata.name, ns, container="node")
     assert text.splitlines() == testbed.state["simulated_log_lines"]
 
+    # A node that missed its lease (Ready=Unknown, e.g. across an API server restart) is
+    # re-initialized by kwok; it keeps its addresses, so logs are still served.
+    node = rank0[0].spec.node_name
+    unknown = {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown", "message": "test"}
+    k8s.core.patch_node_status(node, {"status": {"conditions": [unknown]}})
+
+    def ready_again():
+        status = k8s.core.read_node_status(node).status
+        return [c.status for c in status.conditions if c.type == "Ready"] == ["True"] and status
+
+    status = wait_until(ready_again, TIMEOUT, f"{node} Ready again")
+    addresses = {a.type: a.address for a in status.addresses or []}
+    assert addresses.get("InternalIP") == "127.0.0.1", addresses
+    again = k8s.core.read_namespaced_pod_log(rank0[0].metadata.name, ns, container="node")
+    assert again == text
+
 
 def test_rbac_is_enforced(k8s, namespace, sa_api_client):
     """The API server authorizes with RBAC: a ServiceAccount can do only what a Role grants."""
