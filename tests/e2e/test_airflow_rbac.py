@@ -63,6 +63,7 @@ def test_manifest_binds_the_worker_and_triggerer_accounts() -> None:
         "delete",
         "patch",
     }
+    assert verbs[("", "pods")] == {"get", "list", "watch"}  # the triggerers' pod watch (crash exit codes)
     assert not any("*" in v for v in verbs.values())  # no wildcards
     assert ("", "secrets") not in verbs
 

@@ -8,6 +8,7 @@ costs seconds of container time, not minutes.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -29,17 +30,25 @@ def stuck_backend(testbed: Any, namespace: str) -> Any:
     return make_backend(testbed, namespace, pod_stuck_timeout=STUCK_TIMEOUT)
 
 
-def fail_fast(backend: Any, request: TrainJobRequest, bound: float) -> tuple[TrainJobFailed, float]:
+def fail_fast(
+    backend: Any, request: TrainJobRequest, bound: float, waiting: str = "sync"
+) -> tuple[TrainJobFailed, float]:
     t0 = time.monotonic()
     ref = backend.submit(request)
     with pytest.raises(TrainJobFailed) as info:
-        backend.wait(ref, timeout=bound + 60)
+        if waiting == "async":  # the shared watches of triggerers (the pod watch tells of the crash)
+            asyncio.run(backend.wait_async(ref, timeout=bound + 60))
+        else:
+            backend.wait(ref, timeout=bound + 60)
     elapsed = time.monotonic() - t0
     assert elapsed < bound, f"took {elapsed:.0f}s (bound {bound}s): {info.value}"
     return info.value, elapsed
 
 
-def test_non_zero_exit_names_the_node_exit_code_and_log_tail(backend: Any, backoff_runtime: str) -> None:
+@pytest.mark.parametrize("waiting", ["sync", "async"])
+def test_non_zero_exit_names_the_node_exit_code_and_log_tail(
+    backend: Any, backoff_runtime: str, waiting: str
+) -> None:
     fail_on_node_1 = (
         'if [ "$PET_NODE_RANK" = 1 ]; then echo step 1 of training; echo "loss exploded at step 7" >&2; exit 3; fi; '
         "sleep 600"
@@ -51,7 +60,7 @@ def test_non_zero_exit_names_the_node_exit_code_and_log_tail(backend: Any, backo
         command=["sh", "-c", fail_on_node_1],
         num_nodes=2,
     )
-    err, elapsed = fail_fast(backend, request, BOUND["exit"])
+    err, elapsed = fail_fast(backend, request, BOUND["exit"], waiting)
     assert err.result.state == JobState.FAILED
     text = str(err)
     ranks = err.diagnostics.failed_ranks
@@ -59,7 +68,7 @@ def test_non_zero_exit_names_the_node_exit_code_and_log_tail(backend: Any, backo
     assert ranks[0]["pod"].startswith(f"{err.result.name}-node-0-1-"), ranks
     assert "exit_code=3" in text and "rank=1" in text, text
     assert "loss exploded at step 7" in err.diagnostics.log_tail, text
-    record("failure_exit_code", {"seconds": round(elapsed, 1)})
+    record(f"failure_exit_code_{waiting}", {"seconds": round(elapsed, 1)})
 
 
 def test_oom_killed_under_a_memory_limit(backend: Any, backoff_runtime: str) -> None:

@@ -36,12 +36,13 @@ class FakeApiServer:
         self.rv = 0
         self.oldest = 0  # watches from a version below this get 410
         self.objects: dict[str, dict[str, Any]] = {}
-        self.events: list[tuple[int, str, dict[str, Any]]] = []
+        self.events: list[tuple[int, str, dict[str, Any], str]] = []  # (rv, type, object, resource)
         self.cond = threading.Condition()
         self.watch_requests = 0
         self.open_watches = 0
         self.max_open_watches = 0
         self.list_requests = 0
+        self.pod_watch_requests = 0
         self.drop_generation = 0
         self.pods: list[dict[str, Any]] = []
         self.log_lines: list[tuple[float, str]] = []  # (epoch seconds, text)
@@ -63,17 +64,30 @@ class FakeApiServer:
         self.server.server_close()
 
     # --- state changes ---------------------------------------------------------------------------
-    def _emit(self, kind: str, obj: dict[str, Any]) -> None:
+    def _emit(self, kind: str, obj: dict[str, Any], resource: str = "trainjobs") -> None:
         with self.cond:
             self.rv += 1
             obj = copy.deepcopy(obj)
             obj["metadata"]["resourceVersion"] = str(self.rv)
-            if kind == "DELETED":
+            if resource == "pods":
+                self.pods = [p for p in self.pods if p["metadata"]["name"] != obj["metadata"]["name"]]
+                if kind != "DELETED":
+                    self.pods.append(obj)
+            elif kind == "DELETED":
                 self.objects.pop(obj["metadata"]["name"], None)
             else:
                 self.objects[obj["metadata"]["name"]] = obj
-            self.events.append((self.rv, kind, obj))
+            self.events.append((self.rv, kind, obj, resource))
             self.cond.notify_all()
+
+    def put_pod(self, pod: dict[str, Any]) -> None:
+        """Add or change a pod (seen by pod lists and pod watches)."""
+        known = any(p["metadata"]["name"] == pod["metadata"]["name"] for p in self.pods)
+        self._emit("MODIFIED" if known else "ADDED", pod, "pods")
+
+    def delete_pod(self, name: str) -> None:
+        (pod,) = [p for p in self.pods if p["metadata"]["name"] == name]
+        self._emit("DELETED", pod, "pods")
 
     def add(self, name: str) -> None:
         self._emit(
@@ -162,17 +176,24 @@ class FakeApiServer:
             def do_GET(self) -> None:
                 url = urlparse(self.path)
                 q = {k: v[0] for k, v in parse_qs(url.query).items()}
+                watch = q.get("watch") in ("true", "True", "1")
                 if url.path == BASE:
-                    if q.get("watch") in ("true", "True", "1"):
-                        return self._watch(q)
-                    return self._list(q)
+                    return self._watch(q, "trainjobs") if watch else self._list(q)
                 if url.path.startswith(BASE + "/"):
                     name = url.path[len(BASE) + 1 :]
                     with fake.cond:
                         obj = fake.objects.get(name)
                     return self._json(200, obj) if obj else self._status(404, "NotFound")
                 if url.path == "/api/v1/namespaces/ns/pods":
-                    return self._json(200, {"kind": "List", "items": fake.pods, "metadata": {}})
+                    if watch:
+                        return self._watch(q, "pods")
+                    with fake.cond:
+                        body = {
+                            "kind": "List",
+                            "items": fake.pods,
+                            "metadata": {"resourceVersion": str(fake.rv)},
+                        }
+                    return self._json(200, body)
                 if url.path == "/api/v1/namespaces/ns/events":
                     return self._json(200, {"kind": "List", "items": [], "metadata": {}})
                 if url.path.startswith("/api/v1/namespaces/ns/pods/") and url.path.endswith("/log"):
@@ -182,7 +203,8 @@ class FakeApiServer:
             def _log(self, q: dict[str, str]) -> None:
                 """Follow: first connection sends everything then tears; the next ends with the container."""
                 fake.log_requests.append(q)
-                first = len(fake.log_requests) == 1
+                follow = q.get("follow") in ("true", "True", "1")
+                first = sum(1 for r in fake.log_requests if "follow" in r) == 1
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain")
                 self.send_header("Transfer-Encoding", "chunked")
@@ -202,6 +224,10 @@ class FakeApiServer:
                 for ts, text in lines:
                     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1e9):09d}Z"
                     send(f"{stamp} {text}\n".encode())
+                if not follow:
+                    send(b"")
+                    self.close_connection = True
+                    return
                 if first:
                     send(b"2026-11-29T10:00")  # torn line, then the connection drops
                     self.connection.shutdown(2)
@@ -230,7 +256,7 @@ class FakeApiServer:
                     }
                 self._json(200, body)
 
-            def _watch(self, q: dict[str, str]) -> None:
+            def _watch(self, q: dict[str, str], resource: str) -> None:
                 since = int(q.get("resourceVersion") or 0)
                 deadline = time.time() + int(q.get("timeoutSeconds") or 30)
                 self.send_response(200)
@@ -243,10 +269,14 @@ class FakeApiServer:
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                     self.wfile.flush()
 
+                trainjobs = resource == "trainjobs"  # the counters are of TrainJob watches
                 with fake.cond:
-                    fake.watch_requests += 1
-                    fake.open_watches += 1
-                    fake.max_open_watches = max(fake.max_open_watches, fake.open_watches)
+                    if trainjobs:
+                        fake.watch_requests += 1
+                        fake.open_watches += 1
+                        fake.max_open_watches = max(fake.max_open_watches, fake.open_watches)
+                    else:
+                        fake.pod_watch_requests += 1
                     generation = fake.drop_generation
                 try:
                     if since < fake.oldest:
@@ -265,23 +295,23 @@ class FakeApiServer:
                     sent = since
                     while time.time() < deadline:
                         with fake.cond:
-                            pending = [e for e in fake.events if e[0] > sent]
+                            pending = [e for e in fake.events if e[0] > sent and e[3] == resource]
+                            sent = max([sent] + [e[0] for e in fake.events])
                             if not pending:
                                 fake.cond.wait(0.2)
                             if fake.drop_generation != generation:
                                 send(b'{"type": "MODIFIED", "obj')  # torn line, then gone
                                 self.connection.shutdown(2)
                                 return
-                        for rv, kind, obj in pending:
-                            sent = rv
-                            if self._selected(q, obj):
+                        for _, kind, obj, _ in pending:
+                            if not trainjobs or self._selected(q, obj):
                                 send(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
                     send(b"")
                 except (BrokenPipeError, ConnectionResetError, OSError):
                     pass
                 finally:
                     with fake.cond:
-                        fake.open_watches -= 1
+                        fake.open_watches -= trainjobs
                     self.close_connection = True
 
         return Handler

@@ -144,6 +144,53 @@ async def test_async_not_found_failed_and_timeout(fake, backend):
         await waiter
 
 
+def crashed_pod(job: str, exit_code: int) -> dict:
+    return {
+        "metadata": {
+            "name": f"{job}-node-0-0-x1",
+            "uid": f"pod-{job}",
+            "labels": {
+                "jobset.sigs.k8s.io/jobset-name": job,
+                "batch.kubernetes.io/job-completion-index": "0",
+            },
+        },
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "node",
+                    "restartCount": 0,
+                    "state": {"terminated": {"exitCode": exit_code, "reason": "Error"}},
+                }
+            ],
+        },
+    }
+
+
+async def test_async_wait_reads_a_crash_before_the_job_deletes_the_pod(fake, backend):
+    """The Trainer's counts still say all ready; only the pod watch tells of the crash, and the waiter reads
+    the pod and its log before the pod is deleted and the TrainJob turns Failed."""
+    fake.add("c")
+    fake.set_running("c")
+    fake.log_lines = [
+        (time.time(), "Traceback (most recent call last):"),
+        (time.time(), "ValueError: bad lr"),
+    ]
+    when(lambda: fake.open_watches and fake.pod_watch_requests, (fake.put_pod, crashed_pod("c", 3)))
+    when(
+        lambda: fake.log_requests,
+        (fake.delete_pod, "c-node-0-0-x1"),
+        (fake.set_condition, "c", "Failed", "FailedJobs"),
+    )
+    with pytest.raises(TrainJobFailed, match="FailedJobs") as err:
+        await backend.wait_async("c", timeout=30)
+    diag = err.value.diagnostics
+    assert diag is not None
+    assert [(r["pod"], r["exit_code"]) for r in diag.failed_ranks] == [("c-node-0-0-x1", 3)]
+    assert diag.log_tail.endswith("ValueError: bad lr")
+    assert len(fake.log_requests) == 1  # one crash, one look
+
+
 def test_registries_are_per_event_loop(fake, backend):
     fake.add("x")
     fake.set_condition("x", "Complete", "AllJobsCompleted")

@@ -64,16 +64,34 @@ class AsyncKubeApi:
     async def watch_trainjobs(self, namespace: str, resource_version: str, timeout_seconds: int) -> Any:
         """Open a namespace watch; returns the unread response (``Gone`` when the version is too old)."""
         path = path_of("apis", GROUP, VERSION, "namespaces", namespace, PLURAL)
-        query: Query = {
+        return await self._watch(PLURAL, namespace, path, {}, resource_version, timeout_seconds)
+
+    async def list_pods_page(self, namespace: str, label_selector: str) -> dict[str, Any]:
+        """The whole list, with its resourceVersion (to watch from)."""
+        path = path_of("api", "v1", "namespaces", namespace, "pods")
+        query: Query = {"labelSelector": label_selector}
+        return await self._call("list", "pods", namespace, None, self._get_json, path, query)
+
+    async def watch_pods(
+        self, namespace: str, label_selector: str, resource_version: str, timeout_seconds: int
+    ) -> Any:
+        path = path_of("api", "v1", "namespaces", namespace, "pods")
+        query: Query = {"labelSelector": label_selector}
+        return await self._watch("pods", namespace, path, query, resource_version, timeout_seconds)
+
+    async def _watch(
+        self, resource: str, namespace: str, path: str, query: Query, resource_version: str, timeout: int
+    ) -> Any:
+        query = {
+            **query,
             "watch": True,
             "resourceVersion": resource_version,
-            "timeoutSeconds": timeout_seconds,
+            "timeoutSeconds": timeout,
             "allowWatchBookmarks": True,
         }
         return await self._call(
-            "watch", PLURAL, namespace, None, self.transport.get, path, query,
-            timeout=timeout_seconds + WATCH_SLACK,
-        )  # fmt: skip
+            "watch", resource, namespace, None, self.transport.get, path, query, timeout=timeout + WATCH_SLACK
+        )
 
     async def list_pods(self, namespace: str, label_selector: str, limit: int = 100) -> list[dict[str, Any]]:
         path = path_of("api", "v1", "namespaces", namespace, "pods")

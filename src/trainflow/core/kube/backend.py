@@ -41,9 +41,7 @@ if TYPE_CHECKING:
     from trainflow.core.request import TrainJobRequest
     from trainflow.core.runtimes import Runtime
 
-RUNTIME_TTL = (
-    300.0  # the Trainer reads a runtime when it creates a job; a read this old is still the one used
-)
+RUNTIME_TTL = 300.0  # the Trainer reads a runtime when it creates a job; a read this old is still used
 
 
 def _selector(labels: Mapping[str, str] | None) -> str | None:
@@ -318,26 +316,27 @@ class KubernetesBackend:
                 # jittered, so waiters started together (triggerer restart, fan-out) do not wake together
                 window = self._window() * random.uniform(0.8, 1.2)
                 update = await reg.next_update(key, box, waiter.next_check(time.time(), window))
-                obj = None
+                obj, crashed = None, False
                 if update is not None:
-                    obj, deleted = update
+                    obj, deleted, crashed = update
                     if deleted:
                         raise TrainJobNotFound(r.namespace, r.name)
                 out = observe(waiter, obj, time.time())
                 if out.changed and on_update is not None and out.result is not None:
                     on_update(out.result)
+                failure = None  # on a crash, look at once: the Job deletes the pod soon
+                if (out.check_pods or crashed) and waiter.result is not None:
+                    failure = await arun(check_pods(waiter, self.pod_stuck_timeout, captured), reg.api(key))
                 if out.done:
                     assert waiter.obj is not None
                     tail = captured[0] if captured else None
                     return await arun(
                         finish(waiter.obj, raise_on_failure, self.log_tail_lines, tail), reg.api(key)
                     )
-                if out.check_pods:
-                    failure = await arun(check_pods(waiter, self.pod_stuck_timeout, captured), reg.api(key))
-                    if failure is not None:
-                        if raise_on_failure:
-                            raise failure
-                        return failure.result  # type: ignore[no-any-return]
+                if failure is not None:
+                    if raise_on_failure:
+                        raise failure
+                    return failure.result  # type: ignore[no-any-return]
                 diag = None
                 if out.check_creation:
                     diag = await arun(diagnostics.creation_failure(r.namespace, r.name), reg.api(key))

@@ -3,27 +3,29 @@
 A ``NamespaceWatch`` task lists the namespace's TrainJobs, watches from that resourceVersion, re-lists on
 410 Gone and reconnects with backoff on drops; each event goes to the waiters of that TrainJob's name. The
 task stops (and closes its connection) when its last waiter leaves. Waiting on a thousand jobs costs one
-watch connection. Registries are per event loop (aiohttp sessions cannot cross loops).
+TrainJob watch, plus the pod watch of kube/pod_watch.py that tells waiters of crashes. Registries are per
+event loop (aiohttp sessions cannot cross loops).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import logging
 import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from trainflow.core.errors import BackendError, TrainJobNotFound, Transient, Unauthorized
-from trainflow.core.kube import retry
+from trainflow.core.errors import BackendError, TrainJobNotFound
 from trainflow.core.kube.aio import AsyncKubeApi
-from trainflow.core.kube.apierrors import Gone
+from trainflow.core.kube.listwatch import list_and_watch, read_events
+from trainflow.core.kube.pod_watch import watch_crashes
 from trainflow.core.kube.transport import Transport
-from trainflow.core.kube.watch import WatchStats, parse_event
+from trainflow.core.kube.watch import WatchStats
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,14 @@ MAX_REAUTH = 3  # 401s in a row (an expired exec-plugin token): reload the crede
 
 WINDOW = 300
 GRACE = 5.0  # how long a waiter whose job is not in the cache waits for its ADDED event before a GET
+
+
+class Update(NamedTuple):
+    """What a waiter learns from ``next_update``."""
+
+    obj: dict[str, Any] | None
+    deleted: bool
+    crashed: bool  # a container of the job's pods failed: look at the pods now, before they are deleted
 
 
 class Mailbox:
@@ -46,6 +56,8 @@ class Mailbox:
         self.changed = asyncio.Event()
         self.version = 0
         self.consumed = 0
+        self.crashes = 0  # pod watch: a container of this job's pods ended in failure
+        self.crashes_seen = 0
 
     def put(self, obj: dict[str, Any]) -> None:
         self.obj, self.deleted = obj, False
@@ -55,6 +67,10 @@ class Mailbox:
     def put_deleted(self) -> None:
         self.deleted = True
         self.version += 1
+        self.changed.set()
+
+    def put_crash(self) -> None:
+        self.crashes += 1
         self.changed.set()
 
     def put_error(self, exc: BaseException) -> None:
@@ -71,6 +87,7 @@ class NamespaceWatch:
     mailboxes: dict[str, set[Mailbox]] = field(default_factory=dict)
     objects: dict[str, dict[str, Any]] = field(default_factory=dict)
     stats: WatchStats = field(default_factory=WatchStats)
+    pod_stats: WatchStats = field(default_factory=WatchStats)  # the pod watch that reports crashes
     synced: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     api: AsyncKubeApi | None = None
@@ -96,9 +113,16 @@ class NamespaceWatch:
             for box in boxes:
                 box.put_error(exc)
 
+    def _crashed(self, name: str) -> None:
+        for box in self.mailboxes.get(name, ()):
+            box.put_crash()
+
+    def _stopped(self, exc: BaseException) -> None:
+        log.warning("shared TrainJob watch %s stopped: %r", self.key, exc)
+        self._fail_all(exc)
+
     async def _list(self, api: AsyncKubeApi) -> str:
         listed = await api.list_trainjobs(self.namespace)
-        self.stats.lists += 1
         fresh = {str(i["metadata"]["name"]): i for i in listed.get("items") or []}
         self.objects = fresh
         for name in list(self.mailboxes):
@@ -117,30 +141,9 @@ class NamespaceWatch:
 
     async def _watch_once(self, api: AsyncKubeApi, rv: str) -> str | None:
         """One watch request; returns the newest resourceVersion, or None when a re-list is needed."""
-        try:
-            resp = await api.watch_trainjobs(self.namespace, rv, WINDOW)
-        except Gone:
-            return None
+        resp = await api.watch_trainjobs(self.namespace, rv, WINDOW)
         self.stats.watches += 1
-        try:
-            buf = b""
-            async for chunk in resp.content.iter_any():
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    event = parse_event(line, f"TrainJobs in {self.namespace!r}")
-                    if event is None:
-                        continue
-                    kind, item = event
-                    rv = str((item.get("metadata") or {}).get("resourceVersion") or rv)
-                    if kind != "BOOKMARK":
-                        self.stats.events += 1
-                        self._apply(kind, item)
-            return rv
-        except Gone:  # an ERROR 410 event inside the stream
-            return None
-        finally:
-            resp.release()
+        return await read_events(resp, rv, f"TrainJobs in {self.namespace!r}", self.stats, self._apply)
 
     async def run(self) -> None:
         if self.client_import is not None:
@@ -150,8 +153,23 @@ class NamespaceWatch:
         while True:
             try:
                 async with self.connect() as transport:
-                    self.api = AsyncKubeApi(transport)
-                    outcome = await self._loop(self.api)
+                    self.api = api = AsyncKubeApi(transport)
+                    crashes = asyncio.get_running_loop().create_task(
+                        watch_crashes(api, self.namespace, self._crashed, self.pod_stats),
+                        name=f"trainflow-pod-watch-{self.namespace}",
+                    )
+                    try:
+                        outcome = await list_and_watch(
+                            functools.partial(self._list, api),
+                            functools.partial(self._watch_once, api),
+                            f"shared TrainJob watch {self.key}",
+                            self.stats,
+                            self._stopped,
+                        )
+                    finally:
+                        crashes.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await crashes
             except Exception as exc:  # the credentials could not be loaded
                 self._fail_all(exc)
                 return
@@ -160,46 +178,6 @@ class NamespaceWatch:
                 log.info("shared TrainJob watch %s: credentials rejected; reloading them", self.key)
                 continue
             return
-
-    async def _loop(self, api: AsyncKubeApi) -> str:
-        failures = gone_in_a_row = 0
-        rv: str | None = None
-        while True:
-            try:
-                if rv is None:
-                    rv = await self._list(api)
-                new_rv = await self._watch_once(api, rv)
-                if new_rv is None:
-                    self.stats.relists_410 += 1
-                    gone_in_a_row += 1
-                    if gone_in_a_row > 1:  # a server that keeps answering 410: do not spin
-                        await asyncio.sleep(retry.backoff(min(gone_in_a_row, 6)))
-                else:
-                    gone_in_a_row = 0
-                rv = new_rv
-                failures = 0
-            except asyncio.CancelledError:
-                raise
-            except Unauthorized:
-                return "reauth"
-            except Transient as exc:  # away longer than one call's retries: keep the waiters, keep trying
-                failures += 1
-                self.stats.reconnects += 1
-                log.warning("shared TrainJob watch %s: %s; trying again", self.key, exc)
-                await asyncio.sleep(retry.backoff(min(failures, 6)))
-            except BackendError as exc:
-                log.warning("shared TrainJob watch %s stopped: %s", self.key, exc)
-                self._fail_all(exc)
-                return "failed"
-            except Exception as exc:
-                if not retry.is_connection_error(exc) and not isinstance(exc, ValueError):
-                    log.warning("shared TrainJob watch %s stopped: %r", self.key, exc)
-                    self._fail_all(exc)
-                    return "failed"
-                failures += 1
-                self.stats.reconnects += 1
-                log.debug("shared TrainJob watch %s dropped (%r); reconnecting", self.key, exc)
-                await asyncio.sleep(retry.backoff(min(failures, 6)))
 
     async def get(self, name: str) -> dict[str, Any] | None:
         """One GET through the shared client (for a job not seen by the watch yet)."""
@@ -270,10 +248,8 @@ class WatchRegistry:
                 if self.watches.get(key) is watch:
                     del self.watches[key]
 
-    async def next_update(
-        self, key: WatchKey, box: Mailbox, timeout: float | None
-    ) -> tuple[dict[str, Any] | None, bool] | None:
-        """Wait for news about the job: (newest object or None, deleted?); None when ``timeout`` passes.
+    async def next_update(self, key: WatchKey, box: Mailbox, timeout: float | None) -> Update | None:
+        """Wait for news about the job (newest object, deleted, a container crashed); None when ``timeout`` passes.
 
         Raises TrainJobNotFound when the job never existed, or the shared watch's fatal error.
         """
@@ -300,7 +276,7 @@ class WatchRegistry:
                     if obj is None:
                         raise TrainJobNotFound(key[1], box.name)
                     box.put(obj)
-        if box.version == box.consumed and box.error is None:
+        if box.version == box.consumed and box.crashes == box.crashes_seen and box.error is None:
             box.changed.clear()
             remaining = None if end is None else max(0.0, end - loop.time())
             try:
@@ -311,7 +287,8 @@ class WatchRegistry:
         if box.error is not None:
             raise box.error
         box.consumed = box.version
-        return box.obj, box.deleted
+        crashed, box.crashes_seen = box.crashes != box.crashes_seen, box.crashes
+        return Update(box.obj, box.deleted, crashed)
 
 
 _REGISTRIES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WatchRegistry] = weakref.WeakKeyDictionary()
