@@ -43,6 +43,7 @@ class FakeApiServer:
         self.max_open_watches = 0
         self.list_requests = 0
         self.pod_watch_requests = 0
+        self.forbid_pod_watch = False  # RBAC without watch on pods
         self.drop_generation = 0
         self.pods: list[dict[str, Any]] = []
         self.log_lines: list[tuple[float, str]] = []  # (epoch seconds, text)
@@ -185,6 +186,9 @@ class FakeApiServer:
                         obj = fake.objects.get(name)
                     return self._json(200, obj) if obj else self._status(404, "NotFound")
                 if url.path == "/api/v1/namespaces/ns/pods":
+                    if watch and fake.forbid_pod_watch:
+                        fake.pod_watch_requests += 1
+                        return self._status(403, "Forbidden")
                     if watch:
                         return self._watch(q, "pods")
                     with fake.cond:

@@ -191,6 +191,16 @@ async def test_async_wait_reads_a_crash_before_the_job_deletes_the_pod(fake, bac
     assert len(fake.log_requests) == 1  # one crash, one look
 
 
+async def test_async_wait_without_rbac_to_watch_pods_still_finishes(fake, backend, caplog):
+    fake.forbid_pod_watch = True
+    fake.add("r")
+    caplog.set_level("INFO", logger="trainflow.core.kube.pod_watch")
+    when(lambda: "cannot be watched" in caplog.text, (fake.set_condition, "r", "Complete", "Done"))
+    result = await backend.wait_async("r", timeout=30)
+    assert result.state is JobState.COMPLETE
+    assert fake.pod_watch_requests == 1  # refused once, not retried
+
+
 def test_registries_are_per_event_loop(fake, backend):
     fake.add("x")
     fake.set_condition("x", "Complete", "AllJobsCompleted")
