@@ -43,6 +43,7 @@ class FakeApiServer:
         self.max_open_watches = 0
         self.list_requests = 0
         self.pod_watch_requests = 0
+        self.pod_list_requests = 0
         self.forbid_pod_watch = False  # RBAC without watch on pods
         self.drop_generation = 0
         self.pods: list[dict[str, Any]] = []
@@ -192,11 +193,13 @@ class FakeApiServer:
                     if watch:
                         return self._watch(q, "pods")
                     with fake.cond:
-                        body = {
-                            "kind": "List",
-                            "items": fake.pods,
-                            "metadata": {"resourceVersion": str(fake.rv)},
-                        }
+                        start = int(q.get("continue") or 0)
+                        end = start + int(q["limit"]) if "limit" in q else len(fake.pods)
+                        meta = {"resourceVersion": str(fake.rv)}
+                        if end < len(fake.pods):
+                            meta["continue"] = str(end)
+                        fake.pod_list_requests += 1
+                        body = {"kind": "List", "items": fake.pods[start:end], "metadata": meta}
                     return self._json(200, body)
                 if url.path == "/api/v1/namespaces/ns/events":
                     return self._json(200, {"kind": "List", "items": [], "metadata": {}})

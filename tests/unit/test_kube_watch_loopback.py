@@ -11,6 +11,7 @@ import pytest
 from fake_apiserver import FakeApiServer, kubeconfig
 
 from trainflow.core.errors import TrainJobFailed, TrainJobNotFound, WaitTimeout
+from trainflow.core.kube import pod_watch
 from trainflow.core.kube.backend import KubernetesBackend
 from trainflow.core.kube.shared_watch import registry
 from trainflow.core.result import JobState
@@ -199,6 +200,25 @@ async def test_async_wait_without_rbac_to_watch_pods_still_finishes(fake, backen
     result = await backend.wait_async("r", timeout=30)
     assert result.state is JobState.COMPLETE
     assert fake.pod_watch_requests == 1  # refused once, not retried
+
+
+async def test_pod_watch_lists_page_by_page_and_reports_crashes_from_before_it_started(
+    fake, backend, monkeypatch
+):
+    monkeypatch.setattr(pod_watch, "PAGE", 2)
+    fake.add("p")
+    fake.set_running("p")
+    for i in range(5):  # 5 pods that run, then one that crashed before anyone watched
+        running = crashed_pod("p", 0)
+        running["metadata"].update(name=f"p-node-0-{i}", uid=f"u{i}")
+        running["status"]["containerStatuses"][0]["state"] = {"running": {}}
+        fake.put_pod(running)
+    fake.put_pod(crashed_pod("p", 7))
+    when(lambda: fake.log_requests, (fake.set_condition, "p", "Failed", "FailedJobs"))
+    with pytest.raises(TrainJobFailed) as err:
+        await backend.wait_async("p", timeout=30)
+    assert fake.pod_list_requests >= 3  # 6 pods, 2 a page; then the waiter's own look
+    assert [r["exit_code"] for r in err.value.diagnostics.failed_ranks] == [7]
 
 
 def test_registries_are_per_event_loop(fake, backend):

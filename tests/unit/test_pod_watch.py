@@ -47,9 +47,11 @@ def test_relist_forgets_gone_pods_and_reports_crashes_it_missed() -> None:
     alerts = CrashAlerts(seen.append)
     crashed = pod("a", "u1", CRASH)
     alerts.apply("MODIFIED", crashed)
-    alerts.relisted([copy.deepcopy(crashed), pod("c", "u9", CRASH)])  # after a 410: u1 known, u9 new
+    for again in (copy.deepcopy(crashed), pod("c", "u9", CRASH)):  # a re-list after a 410: u1 known, u9 new
+        alerts.apply("ADDED", again)
+    alerts.keep_only({"u1", "u9"})
     assert seen == ["a", "c"]
-    alerts.relisted([])
+    alerts.keep_only(set())
     assert alerts.seen == {}
 
 

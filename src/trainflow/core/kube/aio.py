@@ -66,10 +66,14 @@ class AsyncKubeApi:
         path = path_of("apis", GROUP, VERSION, "namespaces", namespace, PLURAL)
         return await self._watch(PLURAL, namespace, path, {}, resource_version, timeout_seconds)
 
-    async def list_pods_page(self, namespace: str, label_selector: str) -> dict[str, Any]:
-        """The whole list, with its resourceVersion (to watch from)."""
+    async def list_pods_page(
+        self, namespace: str, label_selector: str, limit: int, continue_token: str | None = None
+    ) -> dict[str, Any]:
+        """One page of a pod list, with its metadata (resourceVersion to watch from, continue token)."""
         path = path_of("api", "v1", "namespaces", namespace, "pods")
-        query: Query = {"labelSelector": label_selector}
+        query: Query = {"labelSelector": label_selector, "limit": limit}
+        if continue_token:
+            query = {**query, "continue": continue_token}
         return await self._call("list", "pods", namespace, None, self._get_json, path, query)
 
     async def watch_pods(

@@ -61,12 +61,12 @@ async def list_and_watch(
     rv: str | None = None
     while True:
         try:
-            if rv is None:
-                rv = await list_fn()
-                stats.lists += 1
             try:
+                if rv is None:
+                    rv = await list_fn()
+                    stats.lists += 1
                 new_rv = await watch_fn(rv)
-            except Gone:
+            except Gone:  # the watch's version, or a paged list's continue token, expired
                 new_rv = None
             if new_rv is None:
                 stats.relists_410 += 1

@@ -23,6 +23,7 @@ from trainflow.core.kube.watch import WatchStats
 log = logging.getLogger(__name__)
 
 WINDOW = 300
+PAGE = 500
 
 
 def crash_signature(pod: dict[str, Any]) -> tuple[str, ...]:
@@ -60,20 +61,25 @@ class CrashAlerts:
         if name:
             self.alert(name)
 
-    def relisted(self, pods: list[dict[str, Any]]) -> None:
-        self.seen = {k: v for k, v in self.seen.items() if k in {_uid(p) for p in pods}}
-        for pod in pods:
-            self.apply("ADDED", pod)
-
-
-def _uid(pod: dict[str, Any]) -> str:
-    return str((pod.get("metadata") or {}).get("uid") or "")
+    def keep_only(self, uids: set[str]) -> None:
+        """After a re-list: forget the pods that are gone."""
+        self.seen = {k: v for k, v in self.seen.items() if k in uids}
 
 
 async def _list(api: AsyncKubeApi, namespace: str, alerts: CrashAlerts) -> str:
-    listed = await api.list_pods_page(namespace, JOBSET_NAME_LABEL)
-    alerts.relisted(list(listed.get("items") or []))
-    return str((listed.get("metadata") or {}).get("resourceVersion") or "")
+    """List page by page (a triggerer never holds a big namespace's pods at once); the version to watch from."""
+    rv, token, uids = "", None, set()
+    while True:
+        page = await api.list_pods_page(namespace, JOBSET_NAME_LABEL, PAGE, token)
+        meta = page.get("metadata") or {}
+        rv = rv or str(meta.get("resourceVersion") or "")
+        for pod in page.get("items") or []:
+            uids.add(str((pod.get("metadata") or {}).get("uid") or ""))
+            alerts.apply("ADDED", pod)
+        token = meta.get("continue")
+        if not token:
+            alerts.keep_only(uids)
+            return rv
 
 
 async def _watch(
