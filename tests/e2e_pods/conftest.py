@@ -233,6 +233,13 @@ BACKOFF_RUNTIME = "torch-backoff-2"
 
 
 @pytest.fixture
+def no_retry_runtime(k8s: Any, namespace: str) -> str:
+    """Like ``backoff_runtime`` without retries: one failed container fails the Job, the JobSet and the
+    TrainJob at once, and the JobSet deletes the pods."""
+    return _e2e.torch_training_runtime(k8s, namespace, _e2e.NO_RETRY_RUNTIME, 0)
+
+
+@pytest.fixture
 def backoff_runtime(k8s: Any, namespace: str) -> str:
     """A namespaced TrainingRuntime like torch-distributed whose Job gives up after 2 retries (the default
     allows 6: with the kubelet's 10-20-40-80-160 s restart back-off, minutes); returns its name."""

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.e2e
 # pull or be scheduled fail the wait after the backend's pod_stuck_timeout: 30 s here (default 120 s).
 BOUND = {"exit": 180, "oom": 180, "image": 100, "unschedulable": 100}
 STUCK_TIMEOUT = 30.0
+KILLED_BY_TEARDOWN = (137, 143)  # ranks the failed JobSet's deletion stopped (SIGKILL, SIGTERM)
 
 
 @pytest.fixture
@@ -64,11 +65,40 @@ def test_non_zero_exit_names_the_node_exit_code_and_log_tail(
     assert err.result.state == JobState.FAILED
     text = str(err)
     ranks = err.diagnostics.failed_ranks
-    assert ranks and {(r["rank"], r["exit_code"], r["container"]) for r in ranks} == {("1", 3, "node")}, text
+    assert ranks and (ranks[0]["rank"], ranks[0]["exit_code"], ranks[0]["container"]) == ("1", 3, "node"), (
+        text
+    )
     assert ranks[0]["pod"].startswith(f"{err.result.name}-node-0-1-"), ranks
+    assert all(r["exit_code"] in KILLED_BY_TEARDOWN for r in ranks[1:]), text
     assert "exit_code=3" in text and "rank=1" in text, text
     assert "loss exploded at step 7" in err.diagnostics.log_tail, text
     record(f"failure_exit_code_{waiting}", {"seconds": round(elapsed, 1)})
+
+
+def test_a_crash_after_every_rank_was_ready_is_named_by_async_waits(
+    backend: Any, no_retry_runtime: str
+) -> None:
+    """The Trainer's counts say every pod is ready; then rank 1 exits and its Job, JobSet and TrainJob fail at
+    once and the pods are deleted. Only the pod watch tells the shared-watch waiter in time."""
+    request = TrainJobRequest(
+        runtime=no_retry_runtime,
+        runtime_kind="TrainingRuntime",
+        image=TORCH_IMAGE,
+        command=[
+            "sh",
+            "-c",
+            'sleep 15; if [ "$PET_NODE_RANK" = 1 ]; then echo "diverged at step 12" >&2; exit 5; fi; sleep 600',
+        ],
+        num_nodes=2,
+    )
+    ref = backend.submit(request)
+    with pytest.raises(TrainJobFailed) as info:
+        asyncio.run(backend.wait_async(ref, timeout=240))
+    text = str(info.value)
+    ranks = info.value.diagnostics.failed_ranks
+    assert ranks and (ranks[0]["rank"], ranks[0]["exit_code"]) == ("1", 5), text  # the cause, named first
+    assert all(r["exit_code"] in KILLED_BY_TEARDOWN for r in ranks[1:]), text
+    assert "diverged at step 12" in info.value.diagnostics.log_tail, text
 
 
 def test_oom_killed_under_a_memory_limit(backend: Any, backoff_runtime: str) -> None:

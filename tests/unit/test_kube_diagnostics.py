@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from trainflow.core.errors import Diagnostics
 from trainflow.core.kube import diagnostics
-from trainflow.core.kube.diagnostics import collect, event_lines, has_creation_failure, pod_problems
+from trainflow.core.kube.diagnostics import (
+    collect,
+    event_lines,
+    has_creation_failure,
+    keep_first_crash,
+    pod_problems,
+    with_first_crash,
+)
 from trainflow.core.kube.plan import run
 
 
@@ -260,3 +267,32 @@ def test_finish_reads_metrics_and_a_function_trainers_return_value_in_one_log_re
     api = LogApi()
     result = run(finish(job({}, served), True, 200), api)
     assert (result.return_value, api.calls) == (None, [])
+
+
+def _crash(pod: str, code: int, tail: str = "") -> Diagnostics:
+    rank = {"pod": pod, "container": "node", "exit_code": code, "reason": "Error"}
+    return Diagnostics(failed_ranks=[rank], log_tail=tail)
+
+
+def test_the_first_crash_seen_stays_the_root_cause() -> None:
+    captured: list[Diagnostics] = []
+    keep_first_crash(captured, None)
+    keep_first_crash(captured, Diagnostics())
+    assert captured == []
+    keep_first_crash(captured, _crash("r1", 5))
+    keep_first_crash(
+        captured, _crash("r0", 137, "Terminated")
+    )  # rank 0 killed by the teardown: not the cause
+    keep_first_crash(captured, _crash("r1", 5, "diverged"))  # the same pod's log, read on a later look
+    assert [(r["pod"], r["exit_code"]) for r in captured[0].failed_ranks] == [("r1", 5)]
+    assert captured[0].log_tail == "diverged"
+
+
+def test_the_final_look_names_the_captured_crash_first() -> None:
+    final = with_first_crash(_crash("r0", 137, "Terminated"), _crash("r1", 5, "diverged"))
+    assert [r["pod"] for r in final.failed_ranks] == ["r1", "r0"] and final.log_tail == "diverged"
+    untailed = with_first_crash(_crash("r0", 137, "Terminated"), _crash("r1", 5))
+    assert untailed.log_tail == ""  # rank 0's log is not the crash's
+    same = with_first_crash(_crash("r1", 5, "diverged"), _crash("r1", 5))
+    assert [r["pod"] for r in same.failed_ranks] == ["r1"] and same.log_tail == "diverged"
+    assert with_first_crash(_crash("r0", 1, "x"), None).failed_ranks[0]["pod"] == "r0"

@@ -65,12 +65,10 @@ def finish(
         if returns:
             result = result.replace(return_value=return_value(lines))
     if result.state is JobState.FAILED and raise_on_failure:
-        diag = yield from diagnostics.collect(result.namespace, result.name)
-        if (
-            captured is not None
-        ):  # on a real cluster the Job deletes its pods before the TrainJob turns Failed
-            diag.failed_ranks = diag.failed_ranks or captured.failed_ranks
-            diag.log_tail = diag.log_tail or captured.log_tail
+        # on a real cluster the Job deletes its pods before the TrainJob turns Failed: name what was captured
+        diag = diagnostics.with_first_crash(
+            (yield from diagnostics.collect(result.namespace, result.name)), captured
+        )
         raise TrainJobFailed(result, diag)
     return result
 
@@ -88,8 +86,7 @@ def check_pods(
         message = f"{detail} (for over {stuck_after:.0f}s; the TrainJob was left as it is)"
         failed = result.replace(state=JobState.FAILED, reason=reason, message=message)
         return TrainJobFailed(failed, diag)
-    if diag is not None and diag.failed_ranks and not (captured and captured[0].log_tail):
-        captured[:] = [diag]
+    diagnostics.keep_first_crash(captured, diag)
     return None
 
 

@@ -186,7 +186,10 @@ def creation_failure(namespace: str, name: str) -> Plan[Diagnostics | None]:
 def collect(
     namespace: str, name: str, *, log_container: str = "node", tail_lines: int = 20
 ) -> Plan[Diagnostics]:
-    """Diagnostics for one TrainJob: one pod list, two event lists, at most one log tail. Never raises."""
+    """Diagnostics for one TrainJob: one pod list, at most one log tail, two event lists. Never raises.
+
+    The log comes right after the pod list: a failed Job's pods (and their logs) are deleted within seconds,
+    events stay."""
     diag = Diagnostics()
     pods: list[dict[str, Any]] = []
     try:
@@ -194,6 +197,7 @@ def collect(
         diag.pod_problems, diag.failed_ranks = pod_problems(pods)
     except Exception as exc:  # diagnostics are best effort
         log.debug("listing pods of %s/%s failed: %r", namespace, name, exc)
+    diag.log_tail = yield from _failed_log_tail(namespace, diag.failed_ranks, log_container, tail_lines)
     try:
         events = list((yield _trainjob_events(namespace, name)))
         pod_names = {str((p.get("metadata") or {}).get("name")) for p in pods}
@@ -202,18 +206,51 @@ def collect(
         diag.events = event_lines(events, {name, *pod_names})
     except Exception as exc:
         log.debug("listing events of %s/%s failed: %r", namespace, name, exc)
-    for failed in diag.failed_ranks:
-        if failed.get("container") != log_container:
-            continue
-        try:
-            text = yield read(
-                "log_text", namespace, failed["pod"], log_container, tail_lines=tail_lines, limit_bytes=16384
-            )
-            diag.log_tail = "\n".join(str(text).splitlines()[-tail_lines:])
-        except Exception as exc:
-            log.debug("log tail of %s failed: %r", failed["pod"], exc)
-        break
     return diag
+
+
+def _failed_log_tail(
+    namespace: str, failed_ranks: list[dict[str, Any]], log_container: str, tail_lines: int
+) -> Plan[str]:
+    """The log tail of the first failed rank's trainer container ("" when there is none or it is gone)."""
+    failed = next((r for r in failed_ranks if r.get("container") == log_container), None)
+    if failed is None:
+        return ""
+    try:
+        text = yield read(
+            "log_text", namespace, failed["pod"], log_container, tail_lines=tail_lines, limit_bytes=16384
+        )
+    except Exception as exc:
+        log.debug("log tail of %s failed: %r", failed["pod"], exc)
+        return ""
+    return "\n".join(str(text).splitlines()[-tail_lines:])
+
+
+def keep_first_crash(captured: list[Diagnostics], diag: Diagnostics | None) -> None:
+    """Remember the first crash seen while the job ran: its root cause (ranks failing after it were often killed
+    by the teardown it set off). A later look may only add that same pod's log tail."""
+    if diag is None or not diag.failed_ranks:
+        return
+    if not captured:
+        captured.append(diag)
+    elif not captured[0].log_tail and diag.log_tail and _first_pod(diag) == _first_pod(captured[0]):
+        captured[0].log_tail = diag.log_tail
+
+
+def with_first_crash(diag: Diagnostics, captured: Diagnostics | None) -> Diagnostics:
+    """The look after the end, with the crash captured while the job ran named first (its pod may be gone)."""
+    if captured is None or not captured.failed_ranks:
+        return diag
+    known = {(r.get("pod"), r.get("container")) for r in captured.failed_ranks}
+    later = [r for r in diag.failed_ranks if (r.get("pod"), r.get("container")) not in known]
+    same_pod = _first_pod(diag) == _first_pod(captured)
+    diag.log_tail = captured.log_tail or (diag.log_tail if same_pod else "")
+    diag.failed_ranks = [*captured.failed_ranks, *later]
+    return diag
+
+
+def _first_pod(diag: Diagnostics) -> Any:
+    return diag.failed_ranks[0].get("pod") if diag.failed_ranks else None
 
 
 def inspect_pods(
