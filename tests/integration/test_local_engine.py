@@ -236,8 +236,10 @@ def test_dead_supervisor_is_reported_failed_and_its_nodes_stopped(backend: Local
     sup = json.loads((backend.job_dir(ref) / "supervisor.json").read_text())
     os.kill(sup["pid"], signal.SIGKILL)
     wait_for(lambda: not store.pid_alive(sup["pid"]))
-    result = backend.get(ref)
-    assert result.state is JobState.FAILED and result.reason == "SupervisorLost"
+    # The main thread can be a zombie while the supervisor's other threads still exit, holding its liveness
+    # lock (and so its files) for a moment: the job turns Failed once the lock is free.
+    result = wait_for(lambda: (r := backend.get(ref)).state is JobState.FAILED and r, timeout=10)
+    assert result.reason == "SupervisorLost"
     wait_for(lambda: not alive(pids), timeout=5)
     with pytest.raises(TrainJobFailed, match="SupervisorLost"):
         backend.wait(ref, timeout=5)
