@@ -186,6 +186,14 @@ def delete_namespace(api: Any, namespace: str, wait: float = 0.0) -> None:
         time.sleep(1.0)
 
 
+def namespaces(api: Any, prefix: str) -> list[str]:
+    """The benchmarks' namespaces whose name starts with ``prefix``."""
+    from kubernetes import client
+
+    found = client.CoreV1Api(api).list_namespace(label_selector=f"{BENCH_LABEL}=true").items
+    return [ns.metadata.name for ns in found if ns.metadata.name.startswith(prefix)]
+
+
 def parallel(fn: Callable[[Any], Any], items: Iterable[Any], workers: int = 16) -> list[Any]:
     """Run ``fn`` over ``items`` with bounded concurrency; raise the first error."""
     with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -87,7 +87,7 @@ def main() -> None:
             timed_out = await wait_all(backend, names, args.seconds)
             probe.cancel()
             reg = shared_watch.registry()
-            return timed_out, reg.stats((backend.cluster.server, namespace))
+            return timed_out, reg.stats(backend.watch_key(namespace))
 
         timed_out, stats = asyncio.run(run())
         c1, t1 = B.request_counts(api), time.time()

@@ -1,8 +1,9 @@
 """Run every benchmark and print one table of figures with their ratios to the peers measured in the same run.
 
-    python benchmarks/run.py --quick   # CI: N = 1, 100, 1000, short windows, SDK peer up to N = 100
+    python benchmarks/run.py --quick   # CI: N = 1, 100, 1000, short windows, SDK peer up to N = 100, and
+                                       # 100 deferred tasks with rank-0 logs flowing in a real Airflow triggerer
     python benchmarks/run.py --full    # N up to 5,000, 60 s windows, SDK peer up to N = 1,000, and the
-                                       # triggerer benchmark (1,000 deferred tasks in a real Airflow triggerer)
+                                       # triggerer benchmark at 1,000 deferred tasks (logs flowing; no pods yet)
 
 Needs a running testbed (``TRAINFLOW_TESTBED_DIR``, see testbed/up.sh). The cluster benchmarks run in
 their own environment (``~/.cache/trainflow-bench/venv``: the locked core + ``bench`` extra, i.e.
@@ -35,17 +36,22 @@ MODES: dict[str, dict[str, Any]] = {
         "wait": ["--n", "1", "--n", "100", "--n", "1000", "--window", "15", "--warmup", "10",
                  "--baseline", "5", "--sample", "30", "--sdk-max", "100", "--impls", "trainflow,poll,sdk"],
         "submit": ["--jobs", "20", "--threads", "8"],
+        "queued": ["--n", "1000", "--window", "15", "--warmup", "5"],
         "local": ["--trivial-runs", "3", "--torch-runs", "1"],
         "parse": ["--runs", "3"],
+        # a real Airflow deployment (Postgres + one triggerer): 100 deferred tasks whose rank-0 logs flow
+        "triggerer": ["--n", "100", "--window", "20", "--warmup", "12", "--baseline", "5", "--sample", "30",
+                      "--scenarios", "logs"],
     },
     "full": {
         "wait": ["--n", "1", "--n", "100", "--n", "1000", "--n", "5000", "--window", "60", "--warmup", "15",
                  "--baseline", "15", "--sample", "200", "--sdk-max", "1000", "--fresh-max", "100",
                  "--workers", "24", "--impls", "trainflow,poll,poll-fresh,sdk"],
         "submit": ["--jobs", "60", "--threads", "8"],
+        "queued": ["--n", "1000", "--window", "60", "--warmup", "15", "--baseline", "15"],
         "local": ["--trivial-runs", "10", "--torch-runs", "3"],
         "parse": ["--runs", "9"],
-        # a real Airflow deployment (Postgres + one triggerer); only in the full run (~25 min)
+        # 1,000 deferred tasks, rank-0 logs flowing and jobs without pods yet (~40 min)
         "triggerer": ["--n", "1000", "--window", "60", "--sample", "200"],
     },
 }  # fmt: skip
@@ -150,6 +156,17 @@ def summary_table(res: dict[str, Any]) -> str:
             t, s = sub["trainflow"][key], sub["sdk"][key]
             rows.append(["submit", f"TrainJobs created / s, {mode}", f"{t:.1f}", "SDK train()", f"{s:.1f}",
                          f"{B.ratio(t, s)} (trainflow / SDK)"])  # fmt: skip
+            if "create" in sub:  # the floor: the POST alone
+                c = sub["create"][key]
+                rows.append(["submit", f"TrainJobs created / s, {mode}", f"{t:.1f}", "bare POST", f"{c:.1f}",
+                             f"{B.ratio(t, c)} (trainflow / bare POST)"])  # fmt: skip
+    queued = {r["scenario"]: r for r in (res.get("queued") or {}).get("rows", [])}
+    if "queued" in queued and "running" in queued:
+        q, r = queued["queued"], queued["running"]
+        for key, name in (("requests_life", "API requests, whole wait"), ("open_conns", "open connections"),
+                          ("peak_rss_mib", "waiter peak RSS, MiB")):  # fmt: skip
+            rows.append([f"Kueue N={q['n']}", f"{name}: queued waiters", q[key], "running waiters", r[key],
+                         f"{B.ratio(q[key], r[key])} (queued / running)"])  # fmt: skip
     loc = res.get("local") or {}
     if "torch-2x2_hand_s" in loc:
         h, e = loc["torch-2x2_hand_s"], loc["torch-2x2_engine_s"]
@@ -159,22 +176,7 @@ def summary_table(res: dict[str, Any]) -> str:
     if sdk_local:
         rows.append(["local", "SDK LocalProcessBackend, same torch job", "-", "SDK local (1 node max)",
                      f"{sdk_local.get('status')} after {sdk_local.get('seconds')} s", "n/a (cannot run offline)"])  # fmt: skip
-    trig = {r["impl"]: r for r in (res.get("triggerer") or {}).get("results", [])}
-    if "trainflow" in trig and "cncf" in trig:
-        t, c = trig["trainflow"], trig["cncf"]
-        for key, name in (("requests_per_min", "API requests / min"), ("cpu_pct", "triggerer CPU, % of one core"),
-                          ("pss_mib", "triggerer PSS, MiB"), ("p50_s", "detection p50, s"),
-                          ("p99_s", "detection p99, s"), ("burst_drain_s", "burst drain, s")):  # fmt: skip
-            rows.append(
-                [
-                    f"triggerer N={t['n']}",
-                    name,
-                    t[key],
-                    "KubernetesJobTrigger",
-                    c[key],
-                    B.ratio(c[key], t[key]),
-                ]
-            )
+    rows += triggerer_rows((res.get("triggerer") or {}).get("results", []))
     parse = res.get("parse") or {}
     if parse:
         rows.append(["parse", "DAG parse with trainflow, ms (added)", f"{parse['with_ms']:.1f} "
@@ -183,13 +185,50 @@ def summary_table(res: dict[str, Any]) -> str:
     return B.table(["scope", "figure", "trainflow", "peer", "peer figure", "ratio"], rows)
 
 
+def triggerer_rows(results: list[dict[str, Any]]) -> list[list[Any]]:
+    """Per scenario: TrainJobTrigger (log streaming on, the default) against KubernetesJobTrigger, and against
+    itself with streaming off where the issue sets a bound (peak RSS, detection p99)."""
+    rows: list[list[Any]] = []
+    for scenario in dict.fromkeys(r["scenario"] for r in results):
+        by = {r["impl"]: r for r in results if r["scenario"] == scenario}
+        t, plain, c = by.get("trainflow"), by.get("trainflow-nologs"), by.get("cncf")
+        if t is None:
+            continue
+        scope = f"triggerer N={t['n']} ({scenario})"
+        for key, name in (("requests_per_min", "API requests / min"), ("cpu_pct", "triggerer CPU, % of one core"),
+                          ("pss_mib", "triggerer PSS, MiB"), ("runner_peak_rss_mib", "runner peak RSS, MiB"),
+                          ("connections", "open connections"), ("runner_threads", "runner threads"),
+                          ("p50_s", "detection p50, s"), ("p99_s", "detection p99, s"),
+                          ("burst_drain_s", "burst drain, s")):  # fmt: skip
+            if c is not None:
+                rows.append(
+                    [
+                        scope,
+                        name,
+                        t[key],
+                        "KubernetesJobTrigger(get_logs=True)",
+                        c[key],
+                        B.ratio(c[key], t[key]),
+                    ]
+                )
+            if plain is not None and key in ("runner_peak_rss_mib", "p99_s", "runner_threads"):
+                rows.append([scope, name, t[key], "TrainJobTrigger(stream_logs=False)", plain[key],
+                             f"{B.ratio(t[key], plain[key])} (streaming / not)"])  # fmt: skip
+        if "log_p99_s" in t:
+            rows.append([scope, "log line latency p50 / p99, s", f"{t['log_p50_s']} / {t['log_p99_s']}",
+                         "KubernetesJobTrigger: logs read once the job ended", "-", "n/a"])  # fmt: skip
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     g = p.add_mutually_exclusive_group()
     g.add_argument("--quick", action="store_true")
     g.add_argument("--full", action="store_true")
     p.add_argument(
-        "--only", default="wait,submit,local,sdk_local,parse,triggerer", help="comma list of benchmarks"
+        "--only",
+        default="wait,submit,queued,local,sdk_local,parse,triggerer",
+        help="comma list of benchmarks",
     )
     p.add_argument("--out", default="/tmp/trainflow-bench-results", help="directory for JSON and logs")
     args = p.parse_args()
@@ -216,6 +255,13 @@ def main() -> int:
             res["submit"] = json.loads((out / "submit.json").read_text())
         else:
             failed.append("submit")
+    if "queued" in only:
+        rc, _ = step("Kueue: queued vs running waiters", [bpy, str(HERE / "queued_wait_cost.py"), *cfg["queued"],
+                     "--json", str(out / "queued.json")], 1800, out / "queued.log")  # fmt: skip
+        if rc == 0:
+            res["queued"] = json.loads((out / "queued.json").read_text())
+        else:
+            failed.append("queued")
     if "local" in only:
         rc, text = step(
             "local engine overhead",
@@ -248,7 +294,7 @@ def main() -> int:
     if "triggerer" in only and "triggerer" in cfg:
         rc, _ = step("triggerer: N deferred tasks in one real triggerer",
                      [airflow_python(), str(HERE / "triggerer_scale.py"), *cfg["triggerer"],
-                      "--json", str(out / "triggerer.json")], 5400, out / "triggerer.log")  # fmt: skip
+                      "--json", str(out / "triggerer.json")], 7200, out / "triggerer.log")  # fmt: skip
         if rc == 0:
             res["triggerer"] = json.loads((out / "triggerer.json").read_text())
         else:

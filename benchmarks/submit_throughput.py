@@ -5,6 +5,8 @@ fresh namespace each, sequentially (one caller) and from ``--threads`` threads s
 Trainer controller reconciles both sets alike (JobSets and kwok pods). trainflow: request parsing,
 runtime lookup (1 GET), manifest build, local CRD-schema validation, create (1 POST). SDK: runtime
 lookup (namespaced GET, 404, then cluster GET), pydantic models, create (1 POST). Same command on both.
+A third client is the floor no client can beat: the POST alone (the manifest trainflow renders, sent through
+the kubernetes client), so the table also says how close trainflow comes to the API server's own cost.
 
 Usage: python benchmarks/submit_throughput.py [--jobs 50] [--threads 8] [--json f]
 """
@@ -64,6 +66,27 @@ def sdk_submitter(kubeconfig: str, namespace: str) -> Callable[[int], Any]:
     return submit
 
 
+def bare_create_submitter(kubeconfig: str, namespace: str) -> Callable[[int], Any]:
+    """One POST per job and nothing else: the manifest trainflow renders, renamed, through the kubernetes client."""
+    import copy
+
+    from kubernetes import client
+
+    from trainflow.core.kube.backend import KubernetesBackend
+
+    template = KubernetesBackend(kubeconfig=kubeconfig, namespace=namespace).render(
+        {"name": "raw-template", "image": IMAGE, "command": COMMAND, "num_nodes": 1, "runtime": B.RUNTIME}
+    )
+    custom = client.CustomObjectsApi(B.api_client(kubeconfig))
+
+    def submit(i: int) -> Any:
+        manifest = copy.deepcopy(template)
+        manifest["metadata"]["name"] = f"raw-{i:05d}"
+        return custom.create_namespaced_custom_object(B.GROUP, B.VERSION, namespace, B.PLURAL, manifest)
+
+    return submit
+
+
 def rate(submit: Callable[[int], Any], ids: range, threads: int) -> float:
     start = time.perf_counter()
     if threads <= 1:
@@ -83,7 +106,7 @@ def main() -> None:
     args = p.parse_args()
     kubeconfig = B.kubeconfig_path()
     api = B.api_client(kubeconfig)
-    makers = {"trainflow": trainflow_submitter, "sdk": sdk_submitter}
+    makers = {"trainflow": trainflow_submitter, "sdk": sdk_submitter, "create": bare_create_submitter}
     results: dict[str, dict[str, float]] = {}
     for impl, make in makers.items():
         namespace = f"bench-submit-{impl}-{int(time.time()) % 100000}"
@@ -100,14 +123,21 @@ def main() -> None:
             )
         finally:
             B.delete_namespace(api, namespace, wait=120)
-    t, s = results["trainflow"], results["sdk"]
+    t, s, c = results["trainflow"], results["sdk"], results["create"]
     rows = [
-        ["sequential", f"{t['sequential_per_s']:.1f}", f"{s['sequential_per_s']:.1f}",
-         B.ratio(t["sequential_per_s"], s["sequential_per_s"])],
-        [f"{args.threads} threads", f"{t['threaded_per_s']:.1f}", f"{s['threaded_per_s']:.1f}",
-         B.ratio(t["threaded_per_s"], s["threaded_per_s"])],
-    ]  # fmt: skip
-    print(B.table(["submit", "trainflow jobs/s", "SDK train() jobs/s", "trainflow / SDK"], rows))
+        [
+            mode,
+            f"{t[key]:.1f}",
+            f"{s[key]:.1f}",
+            B.ratio(t[key], s[key]),
+            f"{c[key]:.1f}",
+            B.ratio(t[key], c[key]),
+        ]
+        for mode, key in (("sequential", "sequential_per_s"), (f"{args.threads} threads", "threaded_per_s"))
+    ]
+    heads = ["submit", "trainflow jobs/s", "SDK train() jobs/s", "trainflow / SDK", "bare POST jobs/s",
+             "trainflow / bare POST"]  # fmt: skip
+    print(B.table(heads, rows))
     if args.json:
         Path(args.json).write_text(
             json.dumps({"jobs": args.jobs, "threads": args.threads, **results}, indent=1)

@@ -14,7 +14,10 @@ API requests per job-minute (kube-apiserver ``apiserver_request_total`` delta on
 touch, minus the idle baseline), open connections to the API server, CPU of the waiter; then detection
 latency: ``Complete`` is written to a random sample of jobs one at a time, latency = waiter returned -
 moment the status write was sent; then the rest complete at once (burst) and the waiter must drain.
-Peak RSS is the waiter's VmHWM at exit.
+Peak RSS is the waiter's VmHWM at exit. ``--reports K`` writes K trainerStatus reports to every job while
+it is waited on (before the window), so each waiter's metrics history holds K + 1 points at the end.
+
+The waiters themselves are in waiters.py; this file orchestrates and reports.
 
 Usage: python benchmarks/wait_cost.py --n 1 --n 100 [--impls trainflow,poll,sdk] [--window 30] [--json f]
 """
@@ -22,7 +25,6 @@ Usage: python benchmarks/wait_cost.py --n 1 --n 100 [--impls trainflow,poll,sdk]
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random
@@ -36,155 +38,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench as B
-
-POLL_INTERVAL = 10.0  # Airflow KubernetesJobTrigger default poll_interval
-SDK_INTERVAL = 2  # TrainerClient.wait_for_job_status default polling_interval
-WAIT_TIMEOUT = 3600
+from waiters import waiter_main
 
 
-# --- the measured processes -------------------------------------------------------------------------------
-def _terminal(obj: dict[str, Any]) -> bool:
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
-            return True
-    return False
-
-
-async def _wait_trainflow(kubeconfig: str, namespace: str, names: list[str], out: dict[str, Any]) -> None:
-    from trainflow.core.kube.backend import KubernetesBackend
-    from trainflow.core.kube.shared_watch import registry
-
-    backend = KubernetesBackend(kubeconfig=kubeconfig, namespace=namespace)
-    returned: dict[str, float] = out["returned"]
-    seen: dict[str, float] = out.setdefault("seen", {})
-
-    async def one(name: str) -> None:
-        def on_update(result: Any) -> None:  # the watch event, before finish() reads metrics
-            if result.state.terminal:
-                seen[name] = time.time()
-
-        await backend.wait_async(name, timeout=WAIT_TIMEOUT, on_update=on_update)
-        returned[name] = time.time()
-
-    tasks = [asyncio.create_task(one(n)) for n in names]
-    reg = registry()
-    key = (backend.cluster.server, namespace)
-    while True:  # ready once the shared watch has listed the namespace
-        watch = reg.watches.get(key)
-        if watch is not None and watch.synced.is_set():
-            break
-        if all(t.done() for t in tasks):
-            break
-        await asyncio.sleep(0.02)
-    await asyncio.sleep(0.2)
-    print("READY", flush=True)
-    results = await asyncio.gather(*tasks, return_exceptions=True)
-    out["errors"] = [repr(r) for r in results if isinstance(r, BaseException)][:5]
-    stats = reg.stats(key) if hasattr(reg, "stats") else None
-    if stats is None and key in reg.watches:
-        stats = reg.watches[key].stats
-    out["stats"] = dict(vars(stats)) if stats is not None else {}
-    out["watches_started"] = reg.started
-
-
-async def _wait_poll(
-    kubeconfig: str, namespace: str, names: list[str], out: dict[str, Any], fresh_client: bool
-) -> None:
-    from kubernetes_asyncio import config
-    from kubernetes_asyncio.client import ApiClient, Configuration, CustomObjectsApi
-
-    returned: dict[str, float] = out["returned"]
-    counters = {"gets": 0}
-    cfg = Configuration()
-    await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-
-    async def get(custom: CustomObjectsApi, name: str) -> dict[str, Any]:
-        counters["gets"] += 1
-        obj: dict[str, Any] = await custom.get_namespaced_custom_object(
-            B.GROUP, B.VERSION, namespace, B.PLURAL, name
-        )
-        return obj
-
-    async with ApiClient(cfg) as shared:
-
-        async def one(name: str) -> None:
-            await asyncio.sleep(random.uniform(0, POLL_INTERVAL))  # triggers start at different moments
-            while True:
-                if fresh_client:  # AsyncKubernetesHook.get_conn: load the config, new ApiClient, close it
-                    fresh = Configuration()
-                    await config.load_kube_config(config_file=kubeconfig, client_configuration=fresh)
-                    async with ApiClient(fresh) as api:
-                        obj = await get(CustomObjectsApi(api), name)
-                else:
-                    obj = await get(CustomObjectsApi(shared), name)
-                if _terminal(obj):
-                    returned[name] = time.time()
-                    return
-                await asyncio.sleep(POLL_INTERVAL)
-
-        tasks = [asyncio.create_task(one(n)) for n in names]
-        print("READY", flush=True)
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-    out["errors"] = [repr(r) for r in results if isinstance(r, BaseException)][:5]
-    out["stats"] = counters
-
-
-def _wait_sdk(kubeconfig: str, namespace: str, names: list[str], out: dict[str, Any]) -> None:
-    import logging
-    import warnings
-
-    warnings.simplefilter("ignore")
-    logging.getLogger("kubeflow").setLevel(logging.ERROR)
-    from kubeflow.trainer import KubernetesBackendConfig, TrainerClient
-
-    client = TrainerClient(
-        backend_config=KubernetesBackendConfig(namespace=namespace, config_file=kubeconfig)
-    )
-    returned: dict[str, float] = out["returned"]
-    errors: list[str] = []
-
-    def one(name: str) -> None:
-        time.sleep(random.uniform(0, SDK_INTERVAL))
-        try:
-            client.wait_for_job_status(name, timeout=WAIT_TIMEOUT, polling_interval=SDK_INTERVAL)
-            returned[name] = time.time()
-        except Exception as exc:
-            errors.append(repr(exc))
-
-    threading.stack_size(512 * 1024)
-    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in names]
-    for t in threads:
-        t.start()
-    print("READY", flush=True)
-    for t in threads:
-        t.join()
-    out["errors"] = errors[:5]
-    out["stats"] = {"threads": len(threads)}
-
-
-def waiter_main(args: argparse.Namespace) -> None:
-    names = Path(args.names_file).read_text().split()
-    out: dict[str, Any] = {
-        "impl": args.impl,
-        "returned": {},
-        "errors": [],
-        "stats": {},
-        "t_start": time.time(),
-    }
-    if args.impl == "trainflow":
-        asyncio.run(_wait_trainflow(args.kubeconfig, args.namespace, names, out))
-    elif args.impl in ("poll", "poll-fresh"):
-        asyncio.run(_wait_poll(args.kubeconfig, args.namespace, names, out, args.impl == "poll-fresh"))
-    elif args.impl == "sdk":
-        _wait_sdk(args.kubeconfig, args.namespace, names, out)
-    else:
-        raise SystemExit(f"unknown impl {args.impl}")
-    out["t_end"] = time.time()
-    out["self"] = B.self_peak()
-    Path(args.out).write_text(json.dumps(out))
-
-
-# --- the orchestrator -------------------------------------------------------------------------------------
 def _read_ready(proc: subprocess.Popen[str], timeout: float) -> None:
     box: list[str] = []
 
@@ -232,6 +88,10 @@ def measure(
         except RuntimeError as exc:
             raise RuntimeError(f"{impl}: {exc}\n{err_file.read_text()[-3000:]}") from exc
         ready_s = time.time() - started
+        for k in range(cfg.reports):  # each job reports while the waiter watches: its history grows
+            B.set_statuses(
+                api, namespace, names, lambda k=k: _report_status(k, cfg.reports), workers=cfg.workers
+            )
         time.sleep(cfg.warmup)
 
         # steady window: every job running, nobody completes
@@ -324,6 +184,17 @@ def measure(
         "errors": res.get("errors", []),
         "stats": res.get("stats", {}),
     }
+
+
+def _report_status(k: int, of: int) -> dict[str, Any]:
+    """A running job's status after its training code's k-th report (as the Trainer's status server writes)."""
+    trainer = {
+        "progressPercentage": (k + 1) * 90 // of,
+        "estimatedRemainingSeconds": 60 * (of - k),
+        "metrics": [{"name": "loss", "value": repr(1.0 / (k + 1))}, {"name": "lr", "value": "0.001"}],
+        "lastUpdatedTime": B.now_rfc3339(),
+    }
+    return {**B.RUNNING_STATUS, "trainerStatus": trainer}
 
 
 def run_n(api: Any, kubeconfig: str, n: int, cfg: argparse.Namespace) -> list[dict[str, Any]]:
@@ -439,6 +310,12 @@ def main() -> None:
     p.add_argument("--sdk-max", type=int, default=1000, help="largest N the SDK peer runs at (threads)")
     p.add_argument("--fresh-max", type=int, default=1000, help="largest N for the poll-fresh peer")
     p.add_argument("--workers", type=int, default=16, help="concurrent creates/status writes")
+    p.add_argument(
+        "--reports",
+        type=int,
+        default=0,
+        help="trainerStatus reports written to every job while it is waited on",
+    )
     p.add_argument("--drain-timeout", type=float, default=600.0)
     p.add_argument("--cleanup-wait", type=float, default=300.0)
     p.add_argument("--json", help="write all figures here")

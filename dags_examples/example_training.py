@@ -10,10 +10,20 @@ from pathlib import Path
 from typing import Any
 
 
-def train_regression(epochs: int = 60, lr: float = 0.1, seed: int = 0, samples_per_rank: int = 256) -> None:
-    """Fit y = 3*x1 - 2*x2 + 0.5 with DistributedDataParallel over gloo; rank 0 saves and reports."""
+def train_regression(
+    epochs: int = 60,
+    lr: float = 0.1,
+    seed: int = 0,
+    samples_per_rank: int = 256,
+    report_every: int = 4,
+    epoch_seconds: float = 0.0,
+) -> None:
+    """Fit y = 3*x1 - 2*x2 + 0.5 with DistributedDataParallel over gloo; rank 0 saves and reports the loss and
+    progress every ``report_every`` epochs (the ETA is extrapolated from progress). ``epoch_seconds`` paces
+    the epochs, to watch a run live (a demo, a UI check)."""
     import json
     import os
+    import time
 
     import torch
     import torch.distributed as dist
@@ -41,7 +51,10 @@ def train_regression(epochs: int = 60, lr: float = 0.1, seed: int = 0, samples_p
         mean_loss = total.item() / world
         if rank == 0 and (epoch % 10 == 0 or epoch == epochs - 1):
             print(f"epoch={epoch} loss={mean_loss:.6f} world_size={world}", flush=True)
-            report(progress=int(100 * (epoch + 1) / epochs))
+        if rank == 0 and (epoch + 1) % report_every == 0:
+            report(metrics={"loss": mean_loss}, progress=int(100 * (epoch + 1) / epochs))
+        if epoch_seconds:
+            time.sleep(epoch_seconds)
     if rank == 0:
         out = output_dir()
         out.mkdir(parents=True, exist_ok=True)

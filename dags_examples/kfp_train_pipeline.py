@@ -104,7 +104,6 @@ def build_pipeline(
             backend_config=backend_config or {},
             timeout=1800.0,  # no identity arguments: a retried step finds its TrainJob by its output folder
         )
-        train.set_caching_options(False)
         scored = evaluate_op(model=train.outputs["model"])
         with dsl.If(scored.outputs["Output"] < max_mse, name="good-enough"):
             promote_op(model=train.outputs["model"], mse=scored.outputs["Output"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.sdk import DAG, Param, task
+from airflow.providers.common.compat.sdk import DAG, Param, task
 
 from trainflow.airflow import TrainJobSensor
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG, Param, task
+from airflow.providers.common.compat.sdk import DAG, Param, task
 
 from trainflow.airflow import TrainJobOperator
 

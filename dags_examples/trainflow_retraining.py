@@ -18,7 +18,7 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import DAG, task
+from airflow.providers.common.compat.sdk import DAG, task
 from example_training import train_regression
 
 from trainflow.airflow import TrainJobOperator
@@ -47,6 +47,8 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
+    # every step is safe to repeat; a retry also rides out a worker lost or an API server slow to answer
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=10)},
     render_template_as_native_obj=True,
     user_defined_macros={"data_root": _data_root()},
     tags=["trainflow", "example"],
@@ -104,9 +106,9 @@ with DAG(
 
     @task.branch
     def better_than_current(metrics: dict) -> str:
-        from airflow.sdk import Variable
+        from airflow.providers.common.compat.sdk import Variable
 
-        best = Variable.get(BEST_VARIABLE, default=None)
+        best = Variable.get(BEST_VARIABLE, None)  # the default, positionally: 2.x calls it default_var
         if best is None or metrics["mse"] < float(best):
             print(f"new mse {metrics['mse']:.3e} beats current {best}: promoting")
             return "promote"
@@ -117,7 +119,7 @@ with DAG(
     def promote(metrics: dict) -> str:
         import shutil
 
-        from airflow.sdk import Variable
+        from airflow.providers.common.compat.sdk import Variable
 
         target = Path(_data_root()).parent / "models" / "regression" / "best"
         target.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ stage_manifests() {
   # (never committed): JobSet CRDs + webhook configs, Trainer webhook configs,
   # kwok Stage definitions.
   local js tr kw m="$BIN/manifests"
-  [ -f "$m/.complete" ] && return 0
+  if [ -f "$m/.complete" ]; then stage_kwok_crds; return 0; fi
   (cd "$TESTBED_SRC/go/controllers" && go mod download sigs.k8s.io/jobset sigs.k8s.io/kwok github.com/kubeflow/trainer/v2)
   js="$(cd "$TESTBED_SRC/go/controllers" && go list -m -f '{{.Dir}}' sigs.k8s.io/jobset)"
   tr="$(cd "$TESTBED_SRC/go/controllers" && go list -m -f '{{.Dir}}' github.com/kubeflow/trainer/v2)"
@@ -30,7 +30,20 @@ stage_manifests() {
      "$kw"/kustomize/stage/pod/general/pod-*.yaml \
      "$kw"/kustomize/stage/pod/chaos/pod-container-running-failed.yaml "$m/kwok/"
   chmod -R u+w "$m"
+  stage_kwok_crds
   touch "$m/.complete"
+}
+
+stage_kwok_crds() {
+  # kwok's Logs CRD (a pod given a log file of its own). Staged on its own, so that a cache staged before it
+  # gains it in place without re-staging what running instances read.
+  local kw d="$BIN/manifests/kwok-crd"
+  [ -f "$d/kwok.x-k8s.io_logs.yaml" ] && return 0
+  kw="$(cd "$TESTBED_SRC/go/controllers" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
+  mkdir -p "$d.$$"
+  cp "$kw"/kustomize/crd/bases/kwok.x-k8s.io_logs.yaml "$d.$$/"
+  chmod -R u+w "$d.$$"
+  mv -T "$d.$$" "$d" 2>/dev/null || rm -rf "$d.$$"
 }
 
 if [ -f "$BIN/.complete" ]; then

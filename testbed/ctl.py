@@ -4,7 +4,7 @@
     python testbed/ctl.py compact-etcd                               # compact etcd to its current revision
 
 Uses the instance in ``--dir`` / ``TRAINFLOW_TESTBED_DIR``; the component is started again with the argv and
-the instance tag ``testbed.py`` used, so ``down`` still stops it. Additive: ``testbed.py`` is not changed.
+the instance tag ``testbed.py up`` used, so ``down`` still stops it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -27,11 +26,12 @@ RESTARTABLE = ("kube-apiserver",)  # argv recorded in logs/<name>.cmd has no emp
 
 
 def _testbed() -> Any:
-    spec = importlib.util.spec_from_file_location("trainflow_testbed", HERE / "testbed.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """The testbed's helpers (``toolkit``), from the modules beside this file."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import toolkit
+
+    return toolkit
 
 
 def restart(run_dir: str, name: str, down: float = 0.0, timeout: float = 240.0) -> dict[str, float]:
@@ -47,7 +47,7 @@ def restart(run_dir: str, name: str, down: float = 0.0, timeout: float = 240.0) 
     if pid and tb.running(L, name):
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
-        while tb._alive(pid):
+        while tb.alive(pid):
             time.sleep(0.05)
     killed = time.time()
     time.sleep(down)

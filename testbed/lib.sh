@@ -40,6 +40,14 @@ pods_key() {
   } | sha256sum | cut -c1-16
 }
 
+# The Kueue mode's controller manager: its pin (kueue/versions.env), the go/kueue module and the Go version.
+kueue_key() {
+  {
+    cat "$TESTBED_SRC/kueue/versions.env" "$TESTBED_SRC"/go/kueue/go.mod "$TESTBED_SRC"/go/kueue/go.sum
+    go env GOVERSION GOOS GOARCH
+  } | sha256sum | cut -c1-16
+}
+
 # Trainer v2.3.0 CRDs and default runtimes: the copies the core ships as package data (vendored unmodified but
 # for the license header), so the testbed needs nothing beside the clone; TRAINFLOW_TRAINER_UPSTREAM overrides.
 trainer_upstream_dir() {

@@ -4,19 +4,23 @@
 # Exit non-zero, with the tail of every component log, if anything fails.
 #   --pods   a real node (containerd, runc, CNI, kubelet, kube-proxy, CoreDNS) instead of kwok, and the
 #            Trainer controller in cluster; image archives to import: $TRAINFLOW_TESTBED_IMAGES.
+#   --kueue  Kueue's controller manager (testbed/kueue/: its CRDs, webhooks, the TrainJob integration);
+#            combinable with --pods.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 NODE_ARGS=()
+KUEUE_ARGS=()
 for arg in "$@"; do
   case "$arg" in
     --pods) NODE_ARGS=(--node-bin "$("$TESTBED_SRC/node/build.sh")") ;;
-    *) die "unknown argument $arg (usage: up.sh [--pods])" ;;
+    --kueue) KUEUE_ARGS=(--kueue-bin "$("$TESTBED_SRC/kueue/build.sh")") ;;
+    *) die "unknown argument $arg (usage: up.sh [--pods] [--kueue])" ;;
   esac
 done
 t0=$(date +%s)
 BIN="$("$TESTBED_SRC/build.sh")"
 UPSTREAM="$(trainer_upstream_dir)"
 PY="$(testbed_python)"
-"$PY" "$TESTBED_SRC/testbed.py" up --dir "$TESTBED_DIR" --bin "$BIN" --trainer-upstream "$UPSTREAM" "${NODE_ARGS[@]}"
+"$PY" "$TESTBED_SRC/testbed.py" up --dir "$TESTBED_DIR" --bin "$BIN" --trainer-upstream "$UPSTREAM" "${NODE_ARGS[@]}" "${KUEUE_ARGS[@]}"
 log "testbed-up total $(( $(date +%s) - t0 ))s; use: . $TESTBED_DIR/env"

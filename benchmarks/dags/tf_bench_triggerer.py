@@ -1,5 +1,6 @@
-"""DAGs of benchmarks/triggerer_scale.py: a sweep of N mapped TrainJob tasks and one of N cncf.kubernetes Job
-tasks, whose task instances the benchmark puts in the deferred state (they never run on a worker).
+"""DAGs of benchmarks/triggerer_scale.py: sweeps of N mapped TrainJob tasks (log streaming on, the default, and
+off) and one of N cncf.kubernetes Job tasks, whose task instances the benchmark puts in the deferred state (they
+never run on a worker).
 N comes from ``TF_BENCH_TRIGGERER_N``."""
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ START = datetime(2026, 1, 1)
 
 with DAG("tf_bench_trainjob", schedule=None, start_date=START, max_active_tasks=N):
     TrainJobOperator.partial(task_id="wait", command=["true"], deferrable=True).expand(job_name=NAMES)
+
+with DAG("tf_bench_trainjob_nologs", schedule=None, start_date=START, max_active_tasks=N):
+    TrainJobOperator.partial(task_id="wait", command=["true"], deferrable=True, stream_logs=False).expand(
+        job_name=NAMES
+    )
 
 with DAG("tf_bench_kubejob", schedule=None, start_date=START, max_active_tasks=N):
     from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator

@@ -43,9 +43,9 @@ def _cell(text: str) -> str:
 
 def rows() -> list[str]:
     from trainflow.airflow import operators
+    from trainflow.airflow.arguments import RENAMED
     from trainflow.airflow.base import TrainJobBaseOperator
     from trainflow.airflow.operators import TrainJobOperator
-    from trainflow.airflow.request_args import RENAMED
     from trainflow.core.request import TrainJobRequest
 
     fields = {

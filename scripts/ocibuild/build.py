@@ -15,15 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from ocibuild import pyenv
-from ocibuild.debian import Base, build_base
+from ocibuild.debian import Base, build_base, build_debian_layer
 from ocibuild.layers import LAYER_MEDIA_TYPE, write_tree_layer
 from ocibuild.layout import ImageLayout, Layer, Runtime, write_image
 from ocibuild.recipes import (
     BASE_ENV,
     CMD,
+    DEBIAN_LAYERS,
     EXAMPLE_FILES,
     EXAMPLES_DIR,
     FAMILIES,
+    GPU_ONLY,
     IMAGES,
     REPO,
     VERSION,
@@ -31,6 +33,7 @@ from ocibuild.recipes import (
     Family,
     LayerSpec,
     cuda_dist,
+    gpu_only,
 )
 from ocibuild.store import Blob, BlobStore, canonical_json
 
@@ -62,11 +65,15 @@ def created_epoch() -> int:
 
 
 def _own(ctx: Context, family: Family, spec: LayerSpec) -> set[str]:
-    """What a layer's own requirements add beyond the family's other requirements (role ``own``)."""
+    """What a layer's own requirements add beyond the family's requirements that are not an ``own`` layer's
+    and those of the ``own`` layers before it (role ``own``): adding an ``own`` layer after the others
+    leaves their content, and digests, as they were."""
     python = ctx.base.python_version
-    others = [r for r in family.extras_requirements if r not in spec.requirements]
-    return set(pyenv.resolve(spec.requirements, ctx.constraints, python)) - set(
-        pyenv.resolve(others, ctx.constraints, python)
+    own_specs = [s for s in family.layers if s.role == "own"]
+    later = {r for s in own_specs[own_specs.index(spec) + 1 :] for r in s.requirements}
+    below = [r for r in family.extras_requirements if r not in spec.requirements and r not in later]
+    return set(pyenv.resolve([*below, *spec.requirements], ctx.constraints, python)) - set(
+        pyenv.resolve(below, ctx.constraints, python)
     )
 
 
@@ -92,7 +99,17 @@ def _assign(
         if role not in by_role:
             raise SystemExit(f"{name} is installed but family {family.name} has no {role!r} layer")
         by_name[by_role[role]].add(name)
+    if "gpu" in by_role:  # the same distributions as ``cuda``, cut by path (_in_layer)
+        by_name[by_role["gpu"]] = set(by_name[by_role["cuda"]])
     return by_name
+
+
+def _in_layer(spec: LayerSpec, family: Family, path: str) -> bool:
+    """Whether a path of one of the layer's distributions is in it: ``cuda`` and ``gpu`` split theirs."""
+    if spec.role not in ("cuda", "gpu") or not any(s.role == "gpu" for s in family.layers):
+        return True
+    site = os.path.relpath(path, pyenv.SITE)
+    return gpu_only(site) == (spec.role == "gpu")
 
 
 def _extras(stage: Path, spec: LayerSpec) -> list[str]:
@@ -127,6 +144,8 @@ def _layer_key(
         "dists": sorted((d.name, d.version, hashlib.sha256(d.record).hexdigest()) for d in dists),
         "paths": sorted((p, _file_digest(stage / p)) for p in paths),
     }
+    if spec.role in ("cuda", "gpu"):
+        payload["gpu_only"] = list(GPU_ONLY)  # the rule that splits them
     return hashlib.sha256(canonical_json(payload)).hexdigest()
 
 
@@ -144,9 +163,18 @@ def _remember(ctx: Context, key: str, blob: Blob) -> None:
     (ctx.cache / "layers" / f"{key}.json").write_text(json.dumps({"digest": blob.digest, "size": blob.size}))
 
 
+def _drop_stale_stages(work: Path) -> None:
+    """A build killed mid-way leaves its staged rootfs (GBs for torch): drop those whose builder is gone."""
+    for stage in work.glob("*-*") if work.is_dir() else ():
+        pid = stage.name.rsplit("-", 1)[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(stage, ignore_errors=True)
+
+
 def build_family(ctx: Context, family: Family) -> tuple[dict[str, Layer], dict[str, dict[str, str]]]:
     """Stage the family's venv on the base; returns its layers (built or cached) and each one's packages."""
     stage = ctx.cache / "work" / f"{family.name}-{os.getpid()}"
+    _drop_stale_stages(ctx.cache / "work")
     shutil.rmtree(stage, ignore_errors=True)
     rootfs = stage / "rootfs"
     rootfs.mkdir(parents=True)
@@ -170,7 +198,7 @@ def build_family(ctx: Context, family: Family) -> tuple[dict[str, Layer], dict[s
             keys[spec.name] = _layer_key(ctx, rootfs, spec, (dists[n] for n in members[spec.name]), paths)
         todo = [spec for spec in family.layers if _cached(ctx, keys[spec.name]) is None]
         started = time.monotonic()
-        sources = [p for spec in todo for n in members[spec.name] for p in dists[n].files]
+        sources = list(dict.fromkeys(p for spec in todo for n in members[spec.name] for p in dists[n].files))
         sources += [p for spec in todo for p in extras[spec.name]]
         if any(spec.role == "deps" for spec in todo):
             sources += skeleton
@@ -184,9 +212,8 @@ def build_family(ctx: Context, family: Family) -> tuple[dict[str, Layer], dict[s
             if blob is None:
                 started = time.monotonic()
                 names = members[spec.name] | ({pyenv.SKELETON} if spec.role == "deps" else set())
-                paths = [p for p, owner in owned.items() if owner in names] + _with_pycache(
-                    rootfs, extras[spec.name]
-                )
+                paths = [p for p, owner in owned.items() if owner in names and _in_layer(spec, family, p)]
+                paths += _with_pycache(rootfs, extras[spec.name])
                 blob = write_tree_layer(ctx.store, rootfs, paths)
                 _remember(ctx, keys[spec.name], blob)
                 ctx.timings[f"{family.name}: layer {spec.name}"] = time.monotonic() - started
@@ -227,11 +254,22 @@ def build(
     summary_path = out / "images.json"
     summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     built: dict[str, tuple[dict[str, Layer], dict[str, dict[str, str]]]] = {}
+    debian_packages: dict[str, dict[str, str]] = {}  # Debian layer -> the packages it adds
     for image_id in image_ids:
         spec = IMAGES[image_id]
         if spec.family not in built:
             built[spec.family] = build_family(ctx, FAMILIES[spec.family])
         family_layers, packages = built[spec.family]
+        for name in spec.layers:
+            if name in DEBIAN_LAYERS and name not in family_layers:
+                deb = DEBIAN_LAYERS[name]
+                started_deb = time.monotonic()
+                debian = build_debian_layer(store, cache, base, name, deb.packages, deb.hooks)
+                ctx.timings[f"debian {name}"] = time.monotonic() - started_deb
+                log(f"layer {name}: {debian.blob.digest[:19]} ({debian.blob.size / 1e6:.0f} MB)")
+                family_layers[name] = Layer(debian.blob, debian.blob.digest, debian.comment)
+                packages[name] = {}
+                debian_packages[name] = debian.packages
         base_layer = Layer(base.blob, base.blob.digest, base.description)
         layers = [base_layer, *(family_layers[name] for name in spec.layers)]
         labels = {
@@ -241,7 +279,7 @@ def build(
             "org.opencontainers.image.licenses": "Apache-2.0",
             "org.opencontainers.image.revision": revision,
         }
-        runtime = Runtime((*BASE_ENV, *spec.env), CMD, WORKDIR, labels)
+        runtime = Runtime((*BASE_ENV, *spec.env), CMD, spec.workdir or WORKDIR, labels)
         manifest, config = write_image(store, layers, runtime, created)
         layout.tag(store, manifest, [spec.default_name])
         summary[image_id] = {
@@ -254,7 +292,12 @@ def build(
                 for layer in layers
             ],
             "python_packages": dict(sorted(kv for name in spec.layers for kv in packages[name].items())),
-            "debian_packages": base.packages,
+            "debian_packages": dict(
+                sorted(
+                    base.packages.items()
+                    | {kv for n in spec.layers for kv in debian_packages.get(n, {}).items()}
+                )
+            ),
         }
         log(f"{image_id}: {spec.default_name} {manifest.digest} ({summary[image_id]['size'] / 1e6:.0f} MB)")
     ctx.timings["total"] = time.monotonic() - started

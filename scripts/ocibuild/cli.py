@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
-from ocibuild.layout import MANIFEST_MEDIA_TYPE, write_archive
+from ocibuild.layout import MANIFEST_MEDIA_TYPE, ImageLayout, write_archive
 from ocibuild.recipes import IMAGES, REPO, VERSION
 from ocibuild.store import Blob, BlobStore
 
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     archive.add_argument("--name", action="append", type=_fully_qualified, default=[],
                          help="fully qualified name (repeatable; default: the image's default name)")  # fmt: skip
     archive.add_argument("-o", "--output", required=True, help="archive path, or - for stdout")
+    archive.add_argument("--layout", action="store_true",
+                         help="write an OCI layout directory (blobs hardlinked, nothing copied) instead of a tar")  # fmt: skip
     archive.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help="where 'build' wrote (default: dist/images)"
     )
@@ -76,7 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     store = BlobStore(opts.out / "oci" / "blobs")
     manifest = Blob(entry["manifest"], store.path(entry["manifest"]).stat().st_size, MANIFEST_MEDIA_TYPE)
     names = opts.name or entry["names"]
-    if opts.output == "-":
+    if opts.layout:
+        if opts.output == "-":
+            parser.error("--layout writes a directory: give -o DIR")
+        out = Path(opts.output)
+        if out.is_symlink() or (out.exists() and not (out / "oci-layout").is_file()):
+            parser.error(
+                f"{out} exists and is not an OCI layout: give a new directory (only a layout is replaced)"
+            )
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        ImageLayout(out).tag(store, manifest, names)
+        print(f"wrote {out}/: {opts.image} as {', '.join(names)} (layout)", file=sys.stderr)
+    elif opts.output == "-":
         write_archive(store, manifest, names, sys.stdout.buffer)
     else:
         Path(opts.output).parent.mkdir(parents=True, exist_ok=True)

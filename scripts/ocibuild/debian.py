@@ -10,7 +10,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ocibuild.layers import LAYER_MTIME, normalize_tar_layer
+from ocibuild.layers import LAYER_MTIME, diff_layer, normalize_tar_layer
 from ocibuild.store import Blob, BlobStore, canonical_json
 
 SUITE = "bookworm"
@@ -82,6 +82,29 @@ def _dpkg_status(layer: Path) -> dict[str, str]:
     return dict(sorted(packages.items()))
 
 
+def _mmdebstrap(
+    store: BlobStore, cache: Path, key: str, packages: tuple[str, ...], hooks: tuple[str, ...]
+) -> Blob:
+    """One mmdebstrap run (minbase + ``packages``, then the customize ``hooks``), normalized into a layer."""
+    if os.geteuid() != 0:
+        raise SystemExit("building a Debian layer needs root (mmdebstrap --mode=root)")
+    cache.mkdir(parents=True, exist_ok=True)
+    raw = cache / f".mmdebstrap-{key}-{os.getpid()}.tar"
+    cmd = [
+        "mmdebstrap", "--variant=minbase", "--mode=root", "--format=tar",
+        "--include=" + ",".join(packages),
+        *(f"--dpkgopt={opt}" for opt in DPKG_OPTIONS),
+        *(f"--customize-hook={hook}" for hook in hooks),
+        "--verbose" if os.environ.get("OCIBUILD_VERBOSE") else "--quiet",
+        SUITE, str(raw), *SOURCES,
+    ]  # fmt: skip
+    try:
+        subprocess.run(cmd, check=True, env={**os.environ, "SOURCE_DATE_EPOCH": str(LAYER_MTIME)})
+        return normalize_tar_layer(store, raw, _rewrite)
+    finally:
+        raw.unlink(missing_ok=True)
+
+
 def build_base(store: BlobStore, cache: Path, refresh: bool = False) -> Base:
     """The base layer, from the cache unless ``refresh`` (the mirror moves: refresh to pick up updates)."""
     recipe = _recipe()
@@ -92,22 +115,7 @@ def build_base(store: BlobStore, cache: Path, refresh: bool = False) -> Base:
         blob = Blob(saved["digest"], saved["size"], saved["mediaType"])
         if store.has(blob.digest):
             return Base(blob, saved["packages"], saved["python_version"])
-    if os.geteuid() != 0:
-        raise SystemExit("building the base needs root (mmdebstrap --mode=root)")
-    cache.mkdir(parents=True, exist_ok=True)
-    raw = cache / f".mmdebstrap-{key}-{os.getpid()}.tar"
-    cmd = [
-        "mmdebstrap", "--variant=minbase", "--mode=root", "--format=tar",
-        "--include=" + ",".join(PACKAGES),
-        *(f"--dpkgopt={opt}" for opt in DPKG_OPTIONS),
-        "--verbose" if os.environ.get("OCIBUILD_VERBOSE") else "--quiet",
-        SUITE, str(raw), *SOURCES,
-    ]  # fmt: skip
-    try:
-        subprocess.run(cmd, check=True, env={**os.environ, "SOURCE_DATE_EPOCH": str(LAYER_MTIME)})
-        blob = normalize_tar_layer(store, raw, _rewrite)
-    finally:
-        raw.unlink(missing_ok=True)
+    blob = _mmdebstrap(store, cache, key, PACKAGES, ())
     packages = _dpkg_status(store.path(blob.digest))
     python_version = packages["python3.11"].split("-", 1)[0]
     record.write_text(
@@ -124,3 +132,39 @@ def build_base(store: BlobStore, cache: Path, refresh: bool = False) -> Base:
         )
     )
     return Base(blob, packages, python_version)
+
+
+@dataclass(frozen=True)
+class DebianLayer:
+    """Debian packages (and customize hooks) on top of the base, as one layer: what they add or change."""
+
+    blob: Blob
+    packages: dict[str, str]  # the packages this layer adds -> version
+    comment: str
+
+
+def build_debian_layer(
+    store: BlobStore, cache: Path, base: Base, name: str, packages: tuple[str, ...], hooks: tuple[str, ...]
+) -> DebianLayer:
+    """mmdebstrap of the base's packages plus ``packages``, minus the base: the files that differ, with
+    whiteouts for what the base has and the result does not. Cached by recipe and base digest."""
+    recipe = {**_recipe(), "base": base.blob.digest, "extra": packages, "hooks": hooks, "layer": name}
+    key = hashlib.sha256(canonical_json(recipe)).hexdigest()[:16]
+    record = cache / f"debian-{name}-{key}.json"
+    comment = f"Debian packages {' '.join(packages)} (and their dependencies) over the base"
+    if record.is_file():
+        saved = json.loads(record.read_text())
+        blob = Blob(saved["digest"], saved["size"], saved["mediaType"])
+        if store.has(blob.digest):
+            return DebianLayer(blob, saved["packages"], comment)
+    full = _mmdebstrap(store, cache, key, PACKAGES + packages, hooks)
+    try:
+        blob = diff_layer(store, store.path(base.blob.digest), store.path(full.digest))
+    finally:
+        if full.digest != base.blob.digest:
+            store.path(full.digest).unlink(missing_ok=True)
+    # dpkg's status file changed, so the layer holds it: what it lists beyond the base is what was added
+    added = {p: v for p, v in _dpkg_status(store.path(blob.digest)).items() if base.packages.get(p) != v}
+    record.write_text(json.dumps({"digest": blob.digest, "size": blob.size, "mediaType": blob.media_type,
+                                  "packages": added, "recipe": recipe}, indent=1))  # fmt: skip
+    return DebianLayer(blob, added, comment)

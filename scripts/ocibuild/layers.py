@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import io
 import os
 import stat
@@ -118,3 +120,65 @@ def normalize_tar_layer(store: BlobStore, source: Path, rewrite: Filter, mtime: 
                 tar.addfile(info, data)
     assert sink.blob is not None
     return sink.blob
+
+
+def _signature(tar: tarfile.TarFile, member: tarfile.TarInfo) -> tuple[object, ...]:
+    digest = ""
+    if member.isreg():
+        fh = tar.extractfile(member)
+        assert fh is not None
+        digest = hashlib.file_digest(fh, "sha256").hexdigest()  # type: ignore[arg-type]
+    return (member.type, member.mode, member.uid, member.gid, member.linkname, member.size, digest,
+            member.devmajor, member.devminor)  # fmt: skip
+
+
+def diff_layer(store: BlobStore, lower: Path, upper: Path, mtime: int = LAYER_MTIME) -> Blob:
+    """The layer that turns normalized layer ``lower`` into normalized layer ``upper``: every entry that is
+    new or differs (type, mode, owner, link, content), and an OCI whiteout for each one ``upper`` lacks.
+
+    A hardlink whose target is not in the diff is stored as a regular file (its target lives below).
+    """
+    with tarfile.open(lower, mode="r:") as low:
+        below = {m.name: _signature(low, m) for m in low.getmembers()}
+    with tarfile.open(upper, mode="r:") as up:
+        members = {m.name: m for m in up.getmembers()}
+        changed = {n for n, m in members.items() if below.get(n) != _signature(up, m)}
+        present = set(members) | {p for n in members for p in _parents(n)}
+        gone = sorted(n for n in below if n not in present and _parent_kept(n, present))
+        entries = sorted(
+            changed | {f"{os.path.dirname(n)}/.wh.{os.path.basename(n)}".lstrip("/") for n in gone}
+        )
+        for name in list(entries):
+            entries.extend(p for p in _parents(name) if p not in changed)
+        with (
+            store.writer(LAYER_MEDIA_TYPE) as sink,
+            tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tar,
+        ):
+            for name in sorted(set(entries)):
+                member = members.get(name)
+                if member is None:  # a whiteout, or a parent directory only the lower layer changed
+                    info = tarfile.TarInfo(name)
+                    info.mtime = mtime
+                    if os.path.basename(name).startswith(".wh."):
+                        tar.addfile(info, io.BytesIO(b""))
+                    else:
+                        tar.addfile(_dir_info(name, mtime))
+                    continue
+                data = None
+                if member.islnk() and member.linkname not in changed:
+                    target = members[member.linkname]
+                    info = copy.copy(member)
+                    info.type, info.linkname, info.size = tarfile.REGTYPE, "", target.size
+                    data = up.extractfile(target)
+                else:
+                    info = member
+                    data = up.extractfile(member) if member.isreg() else None
+                tar.addfile(info, data)
+    assert sink.blob is not None
+    return sink.blob
+
+
+def _parent_kept(name: str, present: set[str]) -> bool:
+    """Whether ``name``'s directory still exists above (else the parent's own whiteout covers it)."""
+    parent = os.path.dirname(name)
+    return parent == "" or parent in present

@@ -29,7 +29,9 @@ def uv_binary() -> str:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "UV_NO_CONFIG": "1", "VIRTUAL_ENV": ""}
+    # PYTHONHASHSEED: a package built from its sdist (DeepSpeed) writes set-ordered metadata (its extras):
+    # a fixed seed gives the same wheel, so the same layer, on every build
+    return {**os.environ, "UV_NO_CONFIG": "1", "VIRTUAL_ENV": "", "PYTHONHASHSEED": "0"}
 
 
 def locked_constraints(repo: Path, out: Path) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import tomllib
 from dataclasses import dataclass
@@ -12,12 +13,33 @@ VERSION: str = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["
 REGISTRY = "ghcr.io/trainflow"
 EXAMPLES_DIR = "opt/trainflow-examples"
 _CUDA = re.compile(r"^(nvidia-.*|cuda-.*|triton)$")
+# What only a GPU ever loads, of the CUDA layer's distributions (site-packages-relative patterns): the cuDNN
+# engines and sub-libraries (libcudnn.so.9 opens them on first GPU use), cuSOLVER (needed only by torch's
+# CUDA linear algebra library, itself opened on first use), NVSHMEM's transports and bootstraps, device
+# bitcode, static archives, profiler and BLAS-compat libraries, and triton (torch's GPU kernel compiler).
+# They go to the ``gpu`` layer: a CPU-only image (``runtimes``) leaves it out; every library torch, NCCL
+# and cuSPARSE link at load time stays in ``cuda``, so ``import torch`` and gloo work there.
+GPU_ONLY = (
+    "nvidia/cudnn/lib/libcudnn_*.so*",
+    "nvidia/cu*/lib/libcusolver*.so*",
+    "nvidia/nvshmem/lib/nvshmem_*.so*",
+    "nvidia/*/lib/*.a",
+    "nvidia/*/lib/*.bc",
+    "nvidia/cu*/lib/libcufftw.so*",
+    "nvidia/cu*/lib/libnvblas.so*",
+    "nvidia/cu*/lib/libnvperf_*.so*",
+    "nvidia/cu*/lib/libpcsamplingutil.so*",
+    "nvidia/cu*/lib/libcheckpoint.so*",
+    "nvidia/cu*/lib/libcufile_rdma.so*",
+    "triton/*",
+    "triton-*.dist-info/*",
+)
 
 
 @dataclass(frozen=True)
 class LayerSpec:
     """A layer of a family: ``deps`` (trainflow[kfp]'s dependencies + venv skeleton), ``cuda`` (CUDA
-    libraries and triton), ``own`` (what ``requirements`` add beyond the family's other requirements),
+    libraries), ``gpu`` (the files of ``cuda``'s distributions that match GPU_ONLY), ``own`` (what ``requirements`` add beyond the family's other requirements),
     ``rest`` (what is left: torch and its own dependencies), ``trainflow`` (the wheel) or ``examples``
     (files from the repository)."""
 
@@ -48,6 +70,7 @@ class ImageSpec:
     title: str
     description: str
     env: tuple[str, ...] = ()
+    workdir: str = ""  # default WORKDIR
 
     @property
     def default_name(self) -> str:
@@ -57,16 +80,33 @@ class ImageSpec:
 DEPS = LayerSpec("deps", "deps", "trainflow[kfp] dependencies and the /opt/venv skeleton (uv.lock versions)")
 TRAINFLOW = LayerSpec("trainflow", "trainflow", "trainflow from the built wheel")
 
+# The MPI frameworks of the Trainer's runtimes, CPU builds, pinned here (they are not trainflow dependencies,
+# so uv.lock does not pin them): DeepSpeed (its sdist; no ops compiled: DS_BUILD_OPS unset), mpi4py (its
+# wheel loads the system Open MPI), MLX (Linux CPU build) and JAX (CPU).
+FRAMEWORKS = ("deepspeed==0.19.8", "mpi4py==4.1.2", "mlx[cpu]==0.32.4", "jax==0.10.2")
+# Hugging Face Transformers with its torch extra (its Trainer needs accelerate), for trainflow.core.hf's
+# TrainflowCallback in HF training code: the versions uv.lock holds for the dev extra, where the local tests run
+HF = ("transformers[torch]==5.24.0", "accelerate==1.15.0")
+
 FAMILIES = {
     "torch": Family(
         "torch",
-        ("torch", "numpy", "xgboost-cpu"),
+        ("torch", "numpy", "xgboost-cpu", *FRAMEWORKS, *HF),
         (
             DEPS,
-            LayerSpec("cuda", "cuda", "CUDA libraries (nvidia-*, cuda-*) and triton, from PyPI"),
+            LayerSpec("cuda", "cuda", "CUDA libraries (nvidia-*, cuda-*) that torch loads, from PyPI"),
+            LayerSpec(
+                "cuda-gpu",
+                "gpu",
+                "what only a GPU loads: cuDNN engines, cuSOLVER, NVSHMEM transports, triton",
+            ),
             LayerSpec("torch", "rest", "torch and its remaining dependencies, numpy"),
             # its own layer, so adding it left the 1.4 GB torch layer's digest as it was
             LayerSpec("xgboost", "own", "xgboost-cpu (the CPU build of XGBoost) and scipy", ("xgboost-cpu",)),
+            # after xgboost: what they add beyond every layer above (so the layers above kept their digests)
+            LayerSpec("frameworks", "own", "DeepSpeed, mpi4py, MLX (CPU) and JAX (CPU)", FRAMEWORKS),
+            # last of the "own" layers, so every layer above kept its digest
+            LayerSpec("hf", "own", "Hugging Face Transformers and its own dependencies", HF),
             TRAINFLOW,
             LayerSpec("examples", "examples", f"dags_examples/example_training.py in /{EXAMPLES_DIR}"),
         ),
@@ -74,11 +114,43 @@ FAMILIES = {
     "kfp": Family("kfp", (), (DEPS, TRAINFLOW)),
 }
 
+
+@dataclass(frozen=True)
+class DebianSpec:
+    """Debian packages over the base, as one layer; ``hooks`` run after them (mmdebstrap customize hooks,
+    ``$1`` is the root)."""
+
+    name: str
+    packages: tuple[str, ...]
+    hooks: tuple[str, ...] = ()
+
+
+MPI_USER_HOME = "/home/mpiuser"
+# What the MPI runtimes expect of their image (the Trainer's deepspeed/mlx Dockerfiles build on
+# mpi-operator's base): user mpiuser (uid 1000), whose sshd runs unprivileged on port 2222 with the host key
+# the Trainer mounts in ~/.ssh, StrictModes off (the Secret's files are group-readable), clients that trust
+# any host key. ``SetEnv``: the ranks mpirun starts over ssh get the image's PATH (its venv first; sshd
+# would give them its default PATH) and Python settings. No host keys ship (sshd uses the mounted one; ssh-keygen's are per build).
+MPI_HOOKS = (
+    'chroot "$1" useradd --create-home --uid 1000 --shell /bin/bash mpiuser',
+    'sed -i "s/^#\\?\\s*StrictHostKeyChecking .*/    StrictHostKeyChecking no/; s/^#\\?\\s*Port .*/    Port 2222/"'
+    ' "$1/etc/ssh/ssh_config" && printf "    UserKnownHostsFile /dev/null\\n" >> "$1/etc/ssh/ssh_config"',
+    'sed -i "s/^#StrictModes .*/StrictModes no/; s/^#Port .*/Port 2222/" "$1/etc/ssh/sshd_config"',
+    f'printf "PidFile {MPI_USER_HOME}/sshd.pid\\nHostKey {MPI_USER_HOME}/.ssh/id_rsa\\nStrictModes no\\n'
+    f'Port 2222\\nSetEnv PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin PYTHONUNBUFFERED=1 LANG=C.UTF-8\\n" > "$1{MPI_USER_HOME}/.sshd_config"'
+    f' && mkdir -p "$1{MPI_USER_HOME}/.cache" && chroot "$1" chown -R mpiuser:mpiuser {MPI_USER_HOME}',
+    'rm -f "$1"/etc/ssh/ssh_host_*',
+    # MLX loads Open MPI as "libmpi.so", the name libopenmpi-dev links (as the Trainer's MLX image has it); that
+    # package would also bring gcc and gfortran (+250 MB), so only the link
+    'ln -s libmpi.so.40 "$1/usr/lib/x86_64-linux-gnu/libmpi.so"',
+)
+DEBIAN_LAYERS = {"mpi": DebianSpec("mpi", ("openmpi-bin", "openssh-server", "openssh-client"), MPI_HOOKS)}
+
 IMAGES = {
     "trainer": ImageSpec(
         "trainer",
         "torch",
-        ("deps", "cuda", "torch", "xgboost", "trainflow"),
+        ("deps", "cuda", "cuda-gpu", "torch", "xgboost", "trainflow"),
         "trainflow-trainer",
         "trainflow trainer",
         "Python 3.11, torch (PyPI build, CUDA or CPU), xgboost-cpu and trainflow[kfp]: a trainer image for "
@@ -95,13 +167,28 @@ IMAGES = {
     "examples": ImageSpec(
         "examples",
         "torch",
-        ("deps", "cuda", "torch", "xgboost", "trainflow", "examples"),
+        ("deps", "cuda", "cuda-gpu", "torch", "xgboost", "trainflow", "examples"),
         "trainflow-examples",
         "trainflow examples",
         "The trainer image plus the example training code (module example_training) on PYTHONPATH",
         env=(f"PYTHONPATH=/{EXAMPLES_DIR}",),
     ),
 }
+
+# One image for every default runtime's trainer (torch-, deepspeed-, mlx-, jax-, xgboost-distributed) on CPU:
+# the trainer image's layers but ``cuda-gpu`` (2.2 GB no CPU run loads), plus Open MPI + sshd and the
+# MPI/JAX frameworks (layers shared with `trainer`).
+IMAGES["runtimes"] = ImageSpec(
+    "runtimes",
+    "torch",
+    ("deps", "cuda", "torch", "xgboost", "mpi", "frameworks", "hf", "trainflow"),
+    "trainflow-runtimes",
+    "trainflow runtimes",
+    "The trainer image plus Open MPI, an unprivileged sshd (user mpiuser, port 2222), DeepSpeed, mpi4py, "
+    "MLX, JAX (CPU) and Hugging Face Transformers: the image of the Trainer's default runtimes on CPU",
+    env=(f"HOME={MPI_USER_HOME}",),
+    workdir=MPI_USER_HOME,
+)
 
 EXAMPLE_FILES = ("dags_examples/example_training.py",)
 
@@ -117,3 +204,8 @@ CMD = ("python3",)
 
 def cuda_dist(name: str) -> bool:
     return bool(_CUDA.match(name))
+
+
+def gpu_only(site_relative: str) -> bool:
+    """Whether a file of a ``cuda`` distribution belongs to the ``gpu`` layer (GPU_ONLY)."""
+    return any(fnmatch.fnmatchcase(site_relative, pattern) for pattern in GPU_ONLY)

@@ -27,15 +27,20 @@ stage_manifests() {
   touch "$m/.complete"
 }
 
+# Debian packages the pods suite uses on the host (not part of the build key): Open MPI's mpirun for the local
+# engine's MPI test (tests/e2e_pods/test_local_mpi.py).
+SUITE_DEB_PACKAGES="openmpi-bin"
+
 install_debs() {
   local p missing=""
-  for p in $NODE_DEB_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing+=" $p"; done
+  for p in $NODE_DEB_PACKAGES $SUITE_DEB_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing+=" $p"; done
   [ -z "$missing" ] && return 0
   log "installing Debian packages:$missing"
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing; } >&2 \
     || die "apt-get install$missing failed"
 }
-# --deps: only the Debian packages (make test installs every suite's packages first: apt allows one at a time)
+# --deps: only the Debian packages (make test installs every suite's packages first: apt allows one at a time;
+# make e2e-pods checks them before it starts)
 if [ "${1:-}" = "--deps" ]; then install_debs; exit 0; fi
 
 if [ -f "$OUT/.complete" ]; then

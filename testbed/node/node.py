@@ -1,15 +1,18 @@
 """The testbed's real node (pods mode): containerd, runc, CNI, kubelet, kube-proxy and CoreDNS.
 
-Everything the node changes on the host is private to one testbed instance and undone by ``down``:
-- a network namespace ``tbp<base>`` joined to the host by a veth pair: the host side carries the API
-  server's address (``10.<n>.0.1``), the node side the node IP (``10.<n>.0.2``); pods get ``10.<n>.1.0/24``
-  on a bridge inside the namespace. The namespace has no default route and the host does not forward, so
-  no packet can leave the machine. containerd, the kubelet, kube-proxy and CoreDNS join only that network
-  namespace (``nsenter --net``): the mount namespace stays shared, as the kubelet and containerd need.
-- cgroup root ``/trainflow-<base>`` in every cgroup v1 controller (the kubelet's ``cgroupRoot``);
+Everything the nodes change on the host is private to one testbed instance and undone by ``down``:
+- per node ``i`` a network namespace ``tbp<base>`` (node 0) / ``tbp<base>n<i>`` joined to the host by a veth
+  pair: node 0's host side carries the API server's address (``10.<n>.0.1``); node ``i``'s node IP is
+  ``10.<n>.0.<4i+2>``; its pods get ``10.<n>.<i+1>.0/24`` on a bridge inside its namespace. The nodes meet on
+  a bridge in a namespace of its own (``tbf<base>``, addresses ``10.<n>.255.<i+1>``), and route each other's
+  pod ranges over it, so pods reach pods on any node by pod IP without NAT (as Kubernetes' network model
+  asks). No namespace has a default route and the host does not forward, so no packet can leave the
+  machine. containerd, the kubelet, kube-proxy and CoreDNS of a node join only its network namespace
+  (``nsenter --net``): the mount namespace stays shared, as the kubelet and containerd need.
+- cgroup root ``/trainflow-<base>`` (node 0) / ``/trainflow-<base>-<i>`` in every cgroup v1 controller;
 - containerd's root, state and socket, the kubelet's root dir and pod logs, all under the run dir;
 - the global sysctls the kubelet sets (vm.overcommit_memory, kernel.panic, ...), recorded and restored.
-Functions take the testbed module (``tb``: Layout, start, wait_for, ...) as their first argument.
+Functions take the testbed's helpers (``tb``, testbed/toolkit.py: Layout, start, wait_for, ...) first.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 NODE_NAME = "pods-node-0"
-# Started after the control plane and JobSet, in this order; down stops them in reverse.
-NODE_COMPONENTS = ["containerd", "kubelet", "kube-proxy", "coredns"]
+# Nodes of one instance (TRAINFLOW_TESTBED_NODES overrides): two, so ranks of one job meet across nodes.
+NODE_COUNT = 2
 CGROUP_BASE = Path("/sys/fs/cgroup")
 # Controllers the kubelet needs on cgroup v1 (cpu, cpuacct, cpuset, memory) and the others it manages.
 CGROUP_CONTROLLERS = ["blkio", "cpu", "cpuacct", "cpuset", "devices", "freezer", "memory", "pids", "systemd"]
@@ -51,19 +54,44 @@ class Net:
     pod_cidr: str
     cgroup: str
     node_name: str = NODE_NAME
+    index: int = 0
+    fabric_netns: str = ""  # the namespace of the bridge the nodes meet on
+    fabric_ip: str = ""  # this node's address on it (/24)
+    api_ip: str = ""  # where the API server binds (node 0's host side)
+
+    def component(self, name: str) -> str:
+        """The testbed component name of this node's ``name`` (containerd, kubelet, ...)."""
+        return name if self.index == 0 else f"{name}-{self.index}"
 
 
-def net_for(base: int) -> Net:
-    """Instance-private names and addresses, derived from TRAINFLOW_TESTBED_PORT_BASE."""
+def net_for(base: int, index: int = 0) -> Net:
+    """Instance-private names and addresses of node ``index``, derived from TRAINFLOW_TESTBED_PORT_BASE."""
     n = 100 + (base % 10000) // 100
+    suffix = "" if index == 0 else f"n{index}"
     return Net(
-        netns=f"tbp{base}",
-        host_if=f"tbh{base}",
-        host_ip=f"10.{n}.0.1",
-        node_ip=f"10.{n}.0.2",
-        pod_cidr=f"10.{n}.1.0/24",
-        cgroup=f"trainflow-{base}",
+        netns=f"tbp{base}{suffix}",
+        host_if=f"tbh{base}{suffix}",
+        host_ip=f"10.{n}.0.{4 * index + 1}",
+        node_ip=f"10.{n}.0.{4 * index + 2}",
+        pod_cidr=f"10.{n}.{index + 1}.0/24",
+        cgroup=f"trainflow-{base}" + (f"-{index}" if index else ""),
+        node_name=f"pods-node-{index}",
+        index=index,
+        fabric_netns=f"tbf{base}",
+        fabric_ip=f"10.{n}.255.{index + 1}",
+        api_ip=f"10.{n}.0.1",
     )
+
+
+def nets_for(base: int, count: int) -> list[Net]:
+    return [net_for(base, i) for i in range(count)]
+
+
+def node_count() -> int:
+    count = int(os.environ.get("TRAINFLOW_TESTBED_NODES", NODE_COUNT))
+    if not 1 <= count <= 8:
+        raise ValueError(f"TRAINFLOW_TESTBED_NODES={count}: give 1 to 8 nodes")
+    return count
 
 
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -100,12 +128,18 @@ def preflight(tb: Any, L: Any, net: Net) -> None:
         problems.append(f"mounts left under {L.dir}: run testbed/down.sh for this instance first")
     if _run("ip", "link", "show", net.host_if, check=False).returncode == 0:
         problems.append(f"interface {net.host_if} exists: run testbed/down.sh for this instance first")
-    routes = _run("ip", "-4", "route", "show", check=False).stdout
-    prefix = net.host_ip.rsplit(".", 2)[0] + "."
-    if prefix in routes:
-        problems.append(
-            f"addresses {prefix}0.0/16 are already routed on this host; set another TRAINFLOW_TESTBED_PORT_BASE"
-        )
+    if net.index == 0:
+        routes = _run("ip", "-4", "route", "show", check=False).stdout
+        prefix = net.host_ip.rsplit(".", 2)[0] + "."
+        if prefix in routes:
+            problems.append(
+                f"addresses {prefix}0.0/16 are already routed on this host; "
+                "set another TRAINFLOW_TESTBED_PORT_BASE"
+            )
+        if (Path("/run/netns") / net.fabric_netns).exists():
+            problems.append(
+                f"network namespace {net.fabric_netns} exists: run testbed/down.sh for this instance first"
+            )
     if problems:
         raise tb.TestbedError("pods mode cannot start:\n  - " + "\n  - ".join(problems))
 
@@ -131,22 +165,82 @@ def make_network(net: Net) -> None:
     _run("ip", "-n", net.netns, "addr", "add", f"{net.node_ip}/30", "dev", "eth0")
     _run("ip", "-n", net.netns, "link", "set", "eth0", "up")
     _run("ip", "-n", net.netns, "link", "set", "lo", "up")
+    if net.api_ip != net.host_ip:  # the API server binds node 0's host side: reached through this veth
+        _run("ip", "-n", net.netns, "route", "add", f"{net.api_ip}/32", "via", net.host_ip, "dev", "eth0")
     # The API server (host side) reaches pods (webhooks) through the node; nothing else is routed.
     _run("ip", "route", "add", net.pod_cidr, "via", net.node_ip, "dev", net.host_if)
+    # Forwarding inside the node's namespace only (pods of other nodes pass through it; the host's stays off).
+    _run("ip", "netns", "exec", net.netns, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 
 
-def prepare(tb: Any, L: Any, net: Net) -> None:
-    preflight(tb, L, net)
+def make_fabric(nets: list[Net]) -> None:
+    """The bridge the nodes meet on (its own namespace) and each node's routes to the others' pods."""
+    fabric = nets[0].fabric_netns
+    _run("ip", "netns", "add", fabric)
+    _run("ip", "-n", fabric, "link", "add", "br0", "type", "bridge")
+    _run("ip", "-n", fabric, "link", "set", "br0", "up")
+    for net in nets:
+        port = f"n{net.index}"
+        _run(
+            "ip",
+            "-n",
+            net.netns,
+            "link",
+            "add",
+            "fab0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            port,
+            "netns",
+            fabric,
+        )
+        _run("ip", "-n", fabric, "link", "set", port, "master", "br0", "up")
+        _run("ip", "-n", net.netns, "addr", "add", f"{net.fabric_ip}/24", "dev", "fab0")
+        _run("ip", "-n", net.netns, "link", "set", "fab0", "up")
+    for net in nets:
+        for other in nets:
+            if other is not net:
+                _run(
+                    "ip",
+                    "-n",
+                    net.netns,
+                    "route",
+                    "add",
+                    other.pod_cidr,
+                    "via",
+                    other.fabric_ip,
+                    "dev",
+                    "fab0",
+                )
+
+
+def prepare(tb: Any, L: Any, nets: list[Net]) -> None:
+    for net in nets:
+        preflight(tb, L, net)
     # Fresh node state each up; containerd's root (content, snapshots: the images) is kept.
-    for d in (L.dir / "node", L.dir / "containerd" / "state"):
+    for d in (L.dir / "node", *(L.dir / containerd_dir(net) / "state" for net in nets)):
         if d.exists():
             shutil.rmtree(d)
     (L.dir / "node-sysctls-before.json").write_text(json.dumps(read_sysctls()))
-    make_cgroups(net)
-    make_network(net)
-    tb.log(
-        f"node network: netns {net.netns}, {net.host_if} {net.host_ip} <-> {net.node_ip}, pods {net.pod_cidr}"
-    )
+    for net in nets:
+        make_cgroups(net)
+        make_network(net)
+        tb.log(
+            f"node {net.node_name}: netns {net.netns}, {net.host_if} {net.host_ip} <-> {net.node_ip}, "
+            f"pods {net.pod_cidr}"
+        )
+    if len(nets) > 1:
+        make_fabric(nets)
+        tb.log(
+            f"nodes meet on bridge br0 in netns {nets[0].fabric_netns}: {', '.join(n.fabric_ip for n in nets)}"
+        )
+
+
+def containerd_dir(net: Net) -> str:
+    """containerd's directory under the run dir (root, state, socket) for this node."""
+    return "containerd" if net.index == 0 else f"containerd-{net.index}"
 
 
 # --------------------------------------------------------------------------- cleanup
@@ -178,9 +272,9 @@ def _cgroup_pids(net: Net) -> set[int]:
     return pids
 
 
-def _shim_pids(L: Any) -> list[int]:
-    """containerd-shim processes serving this instance's containerd (they outlive containerd)."""
-    sock = str(L.dir / "containerd" / "containerd.sock")
+def _shim_pids(L: Any, net: Net) -> list[int]:
+    """containerd-shim processes serving this node's containerd (they outlive containerd)."""
+    sock = str(L.dir / containerd_dir(net) / "containerd.sock")
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -218,8 +312,8 @@ def remove_cgroups(net: Net) -> None:
             root.rmdir()
 
 
-def unmount_all(L: Any, net: Net) -> None:
-    paths = [L.dir, Path("/run/netns") / net.netns]
+def unmount_all(L: Any, nets: list[Net]) -> None:
+    paths = [L.dir, *(Path("/run/netns") / n for n in (*(net.netns for net in nets), nets[0].fabric_netns))]
     for _ in range(3):
         mps = _mounts_under(paths)
         if not mps:
@@ -241,8 +335,8 @@ def restore_sysctls(L: Any) -> None:
     f.unlink()
 
 
-def kill_shims(L: Any) -> None:
-    for pid in _shim_pids(L):
+def kill_shims(L: Any, net: Net) -> None:
+    for pid in _shim_pids(L, net):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
 
@@ -255,7 +349,7 @@ def stop(tb: Any, L: Any, name: str, timeout: float = 15.0) -> None:
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGTERM)
         deadline = time.time() + timeout
-        while time.time() < deadline and tb._alive(pid):
+        while time.time() < deadline and tb.alive(pid):
             time.sleep(0.1)
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
@@ -264,27 +358,32 @@ def stop(tb: Any, L: Any, name: str, timeout: float = 15.0) -> None:
         f.unlink()
 
 
-def cleanup_host(L: Any, net: Net) -> None:
-    """Undo every host change of the node (after all its processes are gone)."""
-    kill_containers(net, timeout=5)
-    kill_shims(L)
-    unmount_all(L, net)
-    _run("ip", "netns", "del", net.netns, check=False)
-    _run("ip", "link", "del", net.host_if, check=False)
-    remove_cgroups(net)
+def cleanup_host(L: Any, nets: list[Net]) -> None:
+    """Undo every host change of the nodes (after all their processes are gone)."""
+    for net in nets:
+        kill_containers(net, timeout=5)
+        kill_shims(L, net)
+    unmount_all(L, nets)
+    for net in nets:
+        _run("ip", "netns", "del", net.netns, check=False)
+        _run("ip", "link", "del", net.host_if, check=False)
+        remove_cgroups(net)
+    _run("ip", "netns", "del", nets[0].fabric_netns, check=False)
     restore_sysctls(L)
 
 
-def leftovers(L: Any, net: Net) -> dict[str, Any]:
-    """What the node left on the host (empty lists when down cleaned up everything)."""
+def leftovers(L: Any, nets: list[Net]) -> dict[str, Any]:
+    """What the nodes left on the host (empty lists when down cleaned up everything)."""
+    routes = _run("ip", "-4", "route", "show").stdout.splitlines()
+    netns = [n.netns for n in nets] + [nets[0].fabric_netns]
     return {
-        "mounts": _mounts_under([L.dir, Path("/run/netns") / net.netns]),
-        "netns": [net.netns] if (Path("/run/netns") / net.netns).exists() else [],
-        "interfaces": [net.host_if] if Path(f"/sys/class/net/{net.host_if}").exists() else [],
-        "routes": [r for r in _run("ip", "-4", "route", "show").stdout.splitlines() if net.pod_cidr in r],
-        "cgroups": [str(d) for d in _cgroup_dirs(net)],
-        "container_processes": sorted(_cgroup_pids(net)),
-        "shims": _shim_pids(L),
+        "mounts": _mounts_under([L.dir, *(Path("/run/netns") / n for n in netns)]),
+        "netns": [n for n in netns if (Path("/run/netns") / n).exists()],
+        "interfaces": [n.host_if for n in nets if Path(f"/sys/class/net/{n.host_if}").exists()],
+        "routes": [r for r in routes for n in nets if n.pod_cidr in r],
+        "cgroups": [str(d) for n in nets for d in _cgroup_dirs(n)],
+        "container_processes": sorted(p for n in nets for p in _cgroup_pids(n)),
+        "shims": [p for n in nets for p in _shim_pids(L, n)],
     }
 
 

@@ -1,6 +1,6 @@
-"""Pods mode of the testbed: start the real node and the in-cluster Trainer; stop them; report leftovers.
+"""Pods mode of the testbed: start the real nodes and the in-cluster Trainer; stop them; report leftovers.
 
-Called by testbed.py (``up --node-bin``, ``down``) with the testbed module as ``tb``. Order at up: host
+Called by testbed.py (``up --node-bin``, ``down``) with the helpers (toolkit.py) as ``tb``. Order at up: host
 network (before the API server, which binds the node veth's host end), then after the control plane:
 node PKI and RBAC, containerd (+ images), kubelet, kube-proxy, CoreDNS, JobSet's webhooks, the Trainer
 controller in cluster (TrainJobStatus on, its status server), the default runtimes as users install them.
@@ -10,46 +10,60 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import socket
-import struct
+import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import configs
 import node
 import trainer
-import yaml
-
-PATH_EXTRA = "/usr/sbin:/sbin"
 
 
 def net_of(L: Any) -> node.Net:
-    return node.Net(**json.loads(L.mode_file.read_text())["net"])
+    """Node 0 (the API server binds its host side)."""
+    return nets_of(L)[0]
+
+
+def nets_of(L: Any) -> list[node.Net]:
+    mode = json.loads(L.mode_file.read_text())
+    return [node.Net(**n) for n in mode.get("nodes", [mode["net"]])]
 
 
 def prepare(tb: Any, L: Any) -> None:
-    net = node.net_for(L.port_base)
-    node.prepare(tb, L, net)
-    L.pods, L.api_host = True, net.host_ip
+    nets = node.nets_for(L.port_base, node.node_count())
+    node.prepare(tb, L, nets)
+    L.pods, L.api_host = True, nets[0].host_ip
     L.mode_file.write_text(
-        json.dumps({"mode": "pods", "api_host": net.host_ip, "ports": L.ports, "net": node.describe(net)})
+        json.dumps(
+            {
+                "mode": "pods",
+                "api_host": nets[0].host_ip,
+                "ports": L.ports,
+                "net": node.describe(nets[0]),
+                "nodes": [node.describe(n) for n in nets],
+            }
+        )
     )
 
 
 def down(tb: Any, L: Any) -> None:
-    net = net_of(L)
-    for name in ("coredns", "kube-proxy", "kubelet"):  # no more restarts, then no containers
-        node.stop(tb, L, name)
-    node.kill_containers(net)
+    nets = nets_of(L)
+    for net in nets:
+        for name in ("coredns", "kube-proxy", "kubelet"):  # no more restarts, then no containers
+            node.stop(tb, L, net.component(name))
+    for net in nets:
+        node.kill_containers(net)
     nb = node_bin(L)
-    if nb is not None and tb.running(L, "containerd"):
-        trainer.remove_containers(L, nb)
-    node.stop(tb, L, "containerd")
-    node.kill_shims(L)
+    for net in nets:
+        if nb is not None and tb.running(L, net.component("containerd")):
+            trainer.remove_containers(configs.containerd_sock(L, net), nb)
+        node.stop(tb, L, net.component("containerd"))
+        node.kill_shims(L, net)
     tb.stop_all(L)
-    node.cleanup_host(L, net)
-    left = {k: v for k, v in node.leftovers(L, net).items() if v}
+    node.cleanup_host(L, nets)
+    left = {k: v for k, v in node.leftovers(L, nets).items() if v}
     if left:
         raise tb.TestbedError(f"pods mode left behind: {left}")
     L.mode_file.unlink()
@@ -61,276 +75,46 @@ def node_bin(L: Any) -> Path | None:
 
 
 def state(L: Any) -> dict[str, Any]:
-    net = net_of(L)
+    nets = nets_of(L)
+    nodes = [
+        {
+            **node.describe(n),
+            "cluster_dns": n.node_ip,
+            "containerd_socket": str(configs.containerd_sock(L, n)),
+        }
+        for n in nets
+    ]
     return {
-        "node": {**node.describe(net), "cluster_dns": net.node_ip},
+        "node": nodes[0],
+        "nodes": nodes,
         "node_bin": str(node_bin(L)),
-        "containerd_socket": str(containerd_sock(L)),
+        "containerd_socket": str(configs.containerd_sock(L, nets[0])),
         "images": json.loads((L.dir / "images.json").read_text()),
         "trainer_namespace": trainer.NAMESPACE,
         "trainer_feature_gates": trainer.FEATURE_GATES,
     }
 
 
-def containerd_sock(L: Any) -> Path:
-    return L.dir / "containerd" / "containerd.sock"
+def start_containerd(tb: Any, L: Any, nb: Path, net: node.Net) -> None:
+    name = net.component("containerd")
+    argv = [str(nb / "containerd"), "--config", str(L.etc / f"{name}.toml")]
+    tb.start(L, name, node.in_netns(net, argv), configs.env(nb))
+    tb.wait_for(f"{name} socket", configs.containerd_sock(L, net).exists, 60 * tb.TS, watch=[name], L=L)
 
 
-# --------------------------------------------------------------------------- PKI and RBAC
+DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
 
 
-def node_pki(tb: Any, L: Any, net: node.Net) -> None:
-    tb.leaf(L, "kubelet", f"system:node:{net.node_name}", "system:nodes", [], "clientAuth")
-    tb.leaf(
-        L, "kubelet-serving", net.node_name, None, [f"IP:{net.node_ip}", f"DNS:{net.node_name}"], "serverAuth"
-    )
-    tb.leaf(L, "kube-proxy", "system:kube-proxy", None, [], "clientAuth")
-    tb.leaf(L, "coredns", "trainflow-testbed:coredns", None, [], "clientAuth")
-    for f in L.pki.glob("*.key"):
-        f.chmod(0o600)
-    for user in ("kubelet", "kube-proxy", "coredns"):
-        tb.write_kubeconfig(L, L.etc / f"{user}.kubeconfig", user)
-
-
-def node_rbac() -> list[dict[str, Any]]:
-    """The API server's kubelet-client identity may use the kubelet API (logs, exec), as kubeadm grants;
-    CoreDNS reads Services, EndpointSlices, Pods and Namespaces."""
-    rbac = "rbac.authorization.k8s.io/v1"
-    return [
-        {
-            "apiVersion": rbac,
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": "trainflow-testbed:apiserver-kubelet-api-admin"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "system:kubelet-api-admin",
-            },
-            "subjects": [
-                {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "User",
-                    "name": "kube-apiserver-kubelet-client",
-                }
-            ],
-        },
-        {
-            "apiVersion": rbac,
-            "kind": "ClusterRole",
-            "metadata": {"name": "trainflow-testbed:coredns"},
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["endpoints", "services", "pods", "namespaces"],
-                    "verbs": ["list", "watch"],
-                },
-                {
-                    "apiGroups": ["discovery.k8s.io"],
-                    "resources": ["endpointslices"],
-                    "verbs": ["list", "watch"],
-                },
-            ],
-        },
-        {
-            "apiVersion": rbac,
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": "trainflow-testbed:coredns"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "trainflow-testbed:coredns",
-            },
-            "subjects": [
-                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "trainflow-testbed:coredns"}
-            ],
-        },
-    ]
-
-
-# --------------------------------------------------------------------------- node processes
-
-
-def containerd_config(L: Any, nb: Path) -> str:
-    cd = L.dir / "containerd"
-    return f"""version = 3
-root = '{cd / "root"}'
-state = '{cd / "state"}'
-[grpc]
-  address = '{containerd_sock(L)}'
-[ttrpc]
-  address = '{containerd_sock(L)}.ttrpc'
-[debug]
-  level = 'warn'
-[plugins.'io.containerd.cri.v1.images']
-  snapshotter = 'overlayfs'
-  [plugins.'io.containerd.cri.v1.images'.pinned_images]
-    sandbox = '{_versions(nb)["pause_image"]}'
-[plugins.'io.containerd.cri.v1.runtime']
-  # This machine's sandbox drops CAP_SYS_RESOURCE: nothing may lower oom_score_adj below containerd's own.
-  restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
-  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-    runtime_type = 'io.containerd.runc.v2'
-    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-      SystemdCgroup = false
-      BinaryName = '{nb / "runc"}'
-  [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ['{nb / "cni"}']
-    conf_dir = '{L.etc / "cni"}'
-"""
-
-
-def cni_config(L: Any, net: node.Net) -> dict[str, Any]:
-    return {
-        "cniVersion": "1.0.0",
-        "name": "trainflow-testbed",
-        "plugins": [
-            {
-                "type": "bridge",
-                "bridge": "cni0",
-                "isGateway": True,
-                "ipMasq": True,
-                "hairpinMode": True,
-                "ipam": {
-                    "type": "host-local",
-                    "dataDir": str(L.dir / "node" / "cni-ipam"),
-                    "ranges": [[{"subnet": net.pod_cidr}]],
-                    "routes": [{"dst": "0.0.0.0/0"}],
-                },
-            },
-            {"type": "portmap", "capabilities": {"portMappings": True}},
-        ],
-    }
-
-
-def kubelet_config(L: Any, net: node.Net) -> dict[str, Any]:
-    pki = L.pki
-    return {
-        "apiVersion": "kubelet.config.k8s.io/v1beta1",
-        "kind": "KubeletConfiguration",
-        # This machine mounts cgroup v1: the documented opt-out of KEP-5573's refusal (default true since 1.35).
-        "failCgroupV1": False,
-        "cgroupDriver": "cgroupfs",
-        "cgroupRoot": f"/{net.cgroup}",
-        "containerRuntimeEndpoint": f"unix://{containerd_sock(L)}",
-        "address": net.node_ip,
-        "port": 10250,
-        "readOnlyPort": 0,
-        "healthzBindAddress": "127.0.0.1",
-        "healthzPort": 10248,
-        "tlsCertFile": str(pki / "kubelet-serving.crt"),
-        "tlsPrivateKeyFile": str(pki / "kubelet-serving.key"),
-        "authentication": {
-            "anonymous": {"enabled": False},
-            "webhook": {"enabled": True},
-            "x509": {"clientCAFile": str(pki / "ca.crt")},
-        },
-        "authorization": {"mode": "Webhook"},
-        "clusterDomain": "cluster.local",
-        "clusterDNS": [net.node_ip],
-        "resolvConf": str(L.etc / "node-resolv.conf"),
-        "podLogsDir": str(L.dir / "node" / "pod-logs"),
-        "failSwapOn": True,
-        "serializeImagePulls": False,
-        # Secret/ConfigMap volumes (the Trainer's webhook certs) refresh within seconds, not a minute.
-        "syncFrequency": "10s",
-        "imageGCHighThresholdPercent": 100,
-        "evictionHard": {"nodefs.available": "0%", "nodefs.inodesFree": "0%", "imagefs.available": "0%"},
-        "maxPods": 110,
-    }
-
-
-def kube_proxy_config(L: Any, net: node.Net) -> dict[str, Any]:
-    return {
-        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
-        "kind": "KubeProxyConfiguration",
-        "mode": "nftables",
-        "clientConnection": {"kubeconfig": str(L.etc / "kube-proxy.kubeconfig")},
-        "hostnameOverride": net.node_name,
-        "bindAddress": net.node_ip,
-        "clusterCIDR": net.pod_cidr,
-        "healthzBindAddress": "127.0.0.1:10256",
-        "metricsBindAddress": "127.0.0.1:10249",
-        "conntrack": {"maxPerCore": 0},
-    }
-
-
-def corefile(L: Any, net: node.Net, context: str) -> str:
-    # No `forward`: names outside the cluster never leave the node's network namespace.
-    return f""".:53 {{
-    bind {net.node_ip}
-    errors
-    ready 127.0.0.1:8181
-    kubernetes cluster.local in-addr.arpa ip6.arpa {{
-        kubeconfig {L.etc / "coredns.kubeconfig"} {context}
-        pods insecure
-        fallthrough in-addr.arpa ip6.arpa
-        ttl 5
-    }}
-    cache 5
-    loop
-}}
-"""
-
-
-def _versions(nb: Path) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in (nb / "VERSIONS").read_text().split() if "=" in line)
-
-
-def _env(nb: Path) -> dict[str, str]:
-    return {"PATH": f"{nb}:{os.environ.get('PATH', '')}:{PATH_EXTRA}"}
-
-
-def dns_query(server: str, name: str, timeout: float = 2.0) -> list[str]:
-    """A records for ``name`` from ``server`` (one UDP query, no retries)."""
-    qid = random.randrange(65536)
-    q = struct.pack(">HHHHHH", qid, 0x0100, 1, 0, 0, 0)
-    q += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0" + struct.pack(">HH", 1, 1)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.settimeout(timeout)
-        s.sendto(q, (server, 53))
-        data = s.recv(4096)
-    an = struct.unpack(">H", data[6:8])[0]
-    i = len(q)  # the answer section follows the echoed header and question
-    out = []
-    for _ in range(an):
-        i += 2 if data[i] & 0xC0 == 0xC0 else data.index(b"\0", i) - i + 1
-        rtype, _cls, _ttl, rdlen = struct.unpack(">HHIH", data[i : i + 10])
-        i += 10
-        if rtype == 1:
-            out.append(".".join(str(b) for b in data[i : i + 4]))
-        i += rdlen
-    return out
-
-
-def start_node(tb: Any, L: Any, k: Any, nb: Path, net: node.Net) -> None:
-    (L.etc / "cni").mkdir(parents=True, exist_ok=True)
-    (L.dir / "node").mkdir(exist_ok=True)
-    (L.etc / "cni" / "10-trainflow.conflist").write_text(json.dumps(cni_config(L, net), indent=1))
-    (L.etc / "containerd.toml").write_text(containerd_config(L, nb))
-    (L.etc / "node-resolv.conf").write_text("# pods mode: cluster DNS only (CoreDNS on the node IP)\n")
-    (L.etc / "kubelet.yaml").write_text(yaml.safe_dump(kubelet_config(L, net)))
-    (L.etc / "kube-proxy.yaml").write_text(yaml.safe_dump(kube_proxy_config(L, net)))
-    (L.etc / "Corefile").write_text(corefile(L, net, tb.CONTEXT))
-    k.apply_objs(node_rbac())
-    env = _env(nb)
-    tb.start(
-        L,
-        "containerd",
-        node.in_netns(net, [str(nb / "containerd"), "--config", str(L.etc / "containerd.toml")]),
-        env,
-    )
-    tb.wait_for("containerd socket", containerd_sock(L).exists, 60 * tb.TS, watch=["containerd"], L=L)
-    images = trainer.import_images(tb, L, nb)
-    (L.dir / "images.json").write_text(json.dumps(images, indent=1))
+def start_kubelet_proxy_dns(tb: Any, L: Any, nb: Path, net: node.Net) -> None:
+    name, env = net.component, configs.env(nb)
     kubelet = [
         str(nb / "kubelet"),
         "--config",
-        str(L.etc / "kubelet.yaml"),
+        str(L.etc / f"{name('kubelet')}.yaml"),
         "--kubeconfig",
-        str(L.etc / "kubelet.kubeconfig"),
+        str(L.etc / f"{name('kubelet')}.kubeconfig"),
         "--root-dir",
-        str(L.dir / "node" / "kubelet"),
+        str(L.dir / "node" / name("kubelet")),
         "--hostname-override",
         net.node_name,
         "--node-ip",
@@ -338,11 +122,27 @@ def start_node(tb: Any, L: Any, k: Any, nb: Path, net: node.Net) -> None:
         "--v",
         "1",
     ]
-    tb.start(L, "kubelet", node.in_netns(net, kubelet), env)
-    proxy = [str(nb / "kube-proxy"), "--config", str(L.etc / "kube-proxy.yaml"), "--v", "1"]
-    tb.start(L, "kube-proxy", node.in_netns(net, proxy), env)
-    tb.start(L, "coredns", node.in_netns(net, [str(nb / "coredns"), "-conf", str(L.etc / "Corefile")]), env)
-    watch = list(node.NODE_COMPONENTS)
+    started = time.time()
+    tb.start(L, name("kubelet"), node.in_netns(net, kubelet), env)
+    # The device manager's registration socket ignores --root-dir (a fixed path), and each kubelet clears that
+    # folder before it listens: two kubelets starting together race there and one exits ("bind: address
+    # already in use"). So the next node's kubelet starts once this one listens.
+    tb.wait_for(
+        f"{name('kubelet')}'s device-plugin socket",
+        lambda: DEVICE_PLUGIN_SOCKET.is_socket() and DEVICE_PLUGIN_SOCKET.stat().st_mtime >= started - 1,
+        60 * tb.TS,
+        interval=0.2,
+        watch=[name("kubelet")],
+        L=L,
+    )
+    proxy = [str(nb / "kube-proxy"), "--config", str(L.etc / f"{name('kube-proxy')}.yaml"), "--v", "1"]
+    tb.start(L, name("kube-proxy"), node.in_netns(net, proxy), env)
+    coredns = [str(nb / "coredns"), "-conf", str(L.etc / name("Corefile"))]
+    tb.start(L, name("coredns"), node.in_netns(net, coredns), env)
+
+
+def wait_node_ready(tb: Any, L: Any, k: Any, net: node.Net) -> None:
+    watch = tb.components(L)
     tb.wait_for(
         f"node {net.node_name} Ready",
         lambda: (
@@ -362,8 +162,8 @@ def start_node(tb: Any, L: Any, k: Any, nb: Path, net: node.Net) -> None:
         L=L,
     )
     tb.wait_for(
-        "CoreDNS to resolve kubernetes.default.svc.cluster.local",
-        lambda: dns_query(net.node_ip, "kubernetes.default.svc.cluster.local") == ["10.96.0.1"],
+        f"CoreDNS of {net.node_name} to resolve kubernetes.default.svc.cluster.local",
+        lambda: configs.dns_query(net.node_ip, "kubernetes.default.svc.cluster.local") == ["10.96.0.1"],
         60 * tb.TS,
         interval=1,
         watch=watch,
@@ -372,13 +172,87 @@ def start_node(tb: Any, L: Any, k: Any, nb: Path, net: node.Net) -> None:
     tb.log(f"node {net.node_name} Ready (containerd, kubelet, kube-proxy nftables, CoreDNS on {net.node_ip})")
 
 
-def up_node(tb: Any, L: Any, k: Any, nb: Path, trainer_upstream: Path) -> list[dict[str, Any]]:
-    """Start the node and the in-cluster Trainer; returns the installed ClusterTrainingRuntimes."""
+def seed_roots(tb: Any, L: Any, nb: Path, nets: list[node.Net]) -> list[node.Net]:
+    """Nodes without a containerd root of their own start from a hardlinked copy of node 0's, taken with its
+    containerd stopped right after its import (content blobs and committed snapshots are never written again:
+    what one node later deletes, it unlinks only from its own tree). A registry-less stand-in for nodes that
+    pull the same images: it saves each further node the whole import (minutes for the runtimes image).
+    Returns the nodes seeded."""
+    fresh = [n for n in nets[1:] if not (L.dir / node.containerd_dir(n) / "root").exists()]
+    if not fresh:
+        return []
+    first = nets[0]
+    node.stop(tb, L, first.component("containerd"))
     t0 = time.time()
-    net = net_of(L)
+    for net in fresh:
+        dest = L.dir / node.containerd_dir(net)
+        dest.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["cp", "-a", "-l", str(L.dir / node.containerd_dir(first) / "root"), str(dest / "root")],
+            check=True,
+        )
+        unshare_metadata(dest / "root")
+    tb.log(f"containerd roots of {', '.join(n.node_name for n in fresh)} hardlinked from {first.node_name}'s "
+           f"in {time.time() - t0:.1f}s")  # fmt: skip
+    start_containerd(tb, L, nb, first)
+    return fresh
+
+
+# Under containerd's root, what is written once and then only read or unlinked: content blobs, and the trees
+# of the snapshotter's snapshots. Everything else (the bolt databases above all) each node must own.
+SHARED_TREES = ("io.containerd.content.v1.content/blobs", "io.containerd.snapshotter.v1.overlayfs/snapshots")
+
+
+def unshare_metadata(root: Path) -> None:
+    """Replace every hardlinked file outside SHARED_TREES with a copy of its own (a shared meta.db would be one
+    database for two containerds)."""
+    for top, dirs, files in os.walk(root):
+        rel = os.path.relpath(top, root)
+        dirs[:] = [d for d in dirs if os.path.normpath(os.path.join(rel, d)) not in SHARED_TREES]
+        for name in files:
+            path = Path(top) / name
+            if path.is_file() and not path.is_symlink():
+                data = path.read_bytes()
+                mode = path.stat().st_mode
+                path.unlink()
+                path.write_bytes(data)
+                path.chmod(mode & 0o7777)
+
+
+def start_nodes(tb: Any, L: Any, k: Any, nb: Path, nets: list[node.Net]) -> None:
+    """containerd and its images on every node (node 0 imports; a node without a root of its own starts from
+    node 0's, the others import in parallel), then kubelet, kube-proxy and CoreDNS."""
+    k.apply_objs(configs.node_rbac())
+    archives = trainer.archives(L, nb)
+    for net in nets:
+        configs.write_configs(tb, L, nb, net)
+    start_containerd(tb, L, nb, nets[0])
+
+    def load(net: node.Net) -> list[dict[str, Any]]:
+        return trainer.import_images(tb, configs.containerd_sock(L, net), nb, net.node_name, archives)
+
+    images = load(nets[0])
+    seeded = seed_roots(tb, L, nb, nets)
+    for net in nets[1:]:
+        start_containerd(tb, L, nb, net)
+    with ThreadPoolExecutor(max(1, len(nets) - 1)) as pool:
+        for entries in pool.map(load, nets[1:]):  # seeded nodes find every image present
+            images += [{**e, "seeded_from": nets[0].node_name} if e["node"] in {n.node_name for n in seeded}
+                       else e for e in entries]  # fmt: skip
+    (L.dir / "images.json").write_text(json.dumps(images, indent=1))
+    for net in nets:
+        start_kubelet_proxy_dns(tb, L, nb, net)
+    for net in nets:
+        wait_node_ready(tb, L, k, net)
+
+
+def up_node(tb: Any, L: Any, k: Any, nb: Path, trainer_upstream: Path) -> list[dict[str, Any]]:
+    """Start the nodes and the in-cluster Trainer; returns the installed ClusterTrainingRuntimes."""
+    t0 = time.time()
+    nets = nets_of(L)
     (L.dir / "node-bin.json").write_text(json.dumps({"node_bin": str(nb)}))
-    node_pki(tb, L, net)
-    start_node(tb, L, k, nb, net)
+    configs.node_pki(tb, L, nets)
+    start_nodes(tb, L, k, nb, nets)
     # JobSet stays a host process: its webhooks on loopback, as in kwok mode.
     k.apply_objs([d for d in tb.webhook_configs(L) if d["metadata"]["name"].startswith("jobset-")])
     all_procs = tb.components(L)
@@ -390,5 +264,5 @@ def up_node(tb: Any, L: Any, k: Any, nb: Path, trainer_upstream: Path) -> list[d
         L=L,
     )
     runtimes = trainer.install(tb, L, k, nb)
-    tb.log(f"pods mode node + Trainer ready in {time.time() - t0:.0f}s")
+    tb.log(f"pods mode: {len(nets)} nodes + Trainer ready in {time.time() - t0:.0f}s")
     return runtimes

@@ -170,8 +170,35 @@ def test_log_nodes_choose_the_steps_within_the_job() -> None:
     assert log_steps(0, 4) == ["node-0"]
     assert log_steps([0, 3, 3, 9], 4) == ["node-0", "node-3"]
     assert log_steps("all", 3) == ["node-0", "node-1", "node-2"]
-    assert node_count({"spec": {"trainer": {"numNodes": 5}}}, {"numNodes": 2}) == 5
-    assert node_count({"spec": {}}, {"numNodes": 2}) == 2 and node_count({}, None) == 1
+    # initializers the job runs come first (they run first); one it does not run is left out
+    runs = {"dataset-initializer"}
+    assert log_steps(["model-initializer", 0, "dataset-initializer"], 2, runs) == [
+        "dataset-initializer",
+        "node-0",
+    ]
+    assert log_steps("dataset-initializer", 2, runs) == ["dataset-initializer"]
+    assert log_steps("model-initializer", 2, runs) == ["node-0"]
+    from trainflow.core.runtimes import Runtime
+
+    two = Runtime(name="r", ml_policy={"numNodes": 2, "torch": {}})
+    assert node_count({"spec": {"trainer": {"numNodes": 5}}}, two) == 5
+    assert node_count({"spec": {}}, two) == 2 and node_count({}, None) == 1
+
+
+def test_the_initializers_a_job_runs() -> None:
+    from trainflow.airflow.arguments import _log_nodes_ok
+    from trainflow.airflow.logstream import initializer_steps
+    from trainflow.core.runtimes import find_runtime, local_catalog
+
+    torch = find_runtime(local_catalog(), "torch-distributed")
+    tune = find_runtime(local_catalog(), "torchtune-llama3.2-1b")
+    with_dataset = {"spec": {"initializer": {"dataset": {"storageUri": "hf://x/y"}}}}
+    assert initializer_steps(with_dataset, torch) == {"dataset-initializer"}
+    assert initializer_steps({"spec": {}}, torch) == set()
+    assert initializer_steps({"spec": {}}, tune) == {"dataset-initializer", "model-initializer"}
+    assert _log_nodes_ok([0, "model-initializer", "all"])
+    for bad in ("rank0", ["node-0"], [], [True], -1, "initializer"):
+        assert not _log_nodes_ok(bad), bad
 
 
 def test_lineage_names_and_parse_time_assets() -> None:
@@ -220,7 +247,6 @@ def test_cncf_connection_extras_are_understood(monkeypatch: pytest.MonkeyPatch, 
 
 def test_disable_verify_ssl_reaches_the_kubernetes_client(tmp_path: Path) -> None:
     """``verify_ssl=False`` is what the kubernetes client is configured with (sync and asyncio)."""
-    import asyncio
 
     import yaml
 
@@ -238,10 +264,9 @@ def test_disable_verify_ssl_reaches_the_kubernetes_client(tmp_path: Path) -> Non
             }
         )
     )
-    assert load_cluster_config(kubeconfig=str(kubeconfig)).sync_configuration().verify_ssl is True
+    assert load_cluster_config(kubeconfig=str(kubeconfig)).verify_ssl is True
     cluster = load_cluster_config(kubeconfig=str(kubeconfig), verify_ssl=False)
-    assert cluster.sync_configuration().verify_ssl is False
-    assert asyncio.run(cluster.async_configuration()).verify_ssl is False
+    assert cluster.verify_ssl is False and cluster.insecure  # one setting, read by both transports
 
 
 def test_a_rendered_output_uri_is_recorded_through_the_alias() -> None:
@@ -254,11 +279,27 @@ def test_a_rendered_output_uri_is_recorded_through_the_alias() -> None:
     templated = _operator(output_uri="s3://b/{{ run_id }}")
     templated.output_uri = "s3://b/r1"  # as rendered
     events = OutletEventAccessors()
-    record_output({"outlet_events": events}, templated.outlets, "s3://b/r1")
+    record_output({"outlet_events": events}, templated.outlets, ["s3://b/r1"])
     added = events[AssetAlias(OUTPUT_ALIAS)].asset_alias_events
     assert [e.dest_asset_key.uri for e in added] == ["s3://b/r1"], added
     static = _operator(output_uri="s3://b/model")
     events = OutletEventAccessors()
-    record_output({"outlet_events": events}, static.outlets, "s3://b/model")  # Airflow records Asset outlets
+    record_output(
+        {"outlet_events": events}, static.outlets, ["s3://b/model"]
+    )  # Airflow records Asset outlets
     assert not events[AssetAlias(OUTPUT_ALIAS)].asset_alias_events
     assert static.outlets == [Asset("s3://b/model")]
+
+
+def test_the_output_comes_from_the_result_when_the_request_names_one() -> None:
+    """The asset and the OpenLineage output are the result's ``output_uri`` (where the trainer wrote), and only
+    when the request asked for an output: a local engine's own folder for one run is not an asset."""
+    from trainflow.airflow.lineage import Lineage
+    from trainflow.core.request import TrainJobRequest
+    from trainflow.core.result import JobState, TrainJobResult
+
+    result = TrainJobResult(name="j", namespace="n", state=JobState.COMPLETE, output_uri="s3://b/m/run1")
+    named = Lineage.of(TrainJobRequest(output_uri="s3://b/m/{{ run_id }}", dataset_uri="hf://d/x"))
+    assert named.outputs(result) == ["s3://b/m/run1"] and named.inputs == ("hf://d/x",)
+    assert Lineage.from_dict(named.to_dict()) == named  # carried through a deferral
+    assert Lineage.of(TrainJobRequest()).outputs(result.replace(output_uri="file:///home/j/output")) == []

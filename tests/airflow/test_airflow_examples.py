@@ -110,6 +110,18 @@ def test_retraining_example_trains_evaluates_and_promotes(af, airflow_db, trainf
     dataset = trainflow_home / "datasets" / "regression" / "2026-03-05" / "manifest.json"
     assert dataset.is_file()
 
+    # the metrics history in XCom: every report of rank 0 (loss every 4 of 60 epochs, then the final one), with
+    # an ETA from the second on; and the task's TrainJob page (from that XCom) draws each point, in Chromium
+    from browser import cli_chart_points, history_points, task_page_points
+
+    history = train["history"]
+    assert len(history["time"]) == history["seen"] == 16 >= 10
+    assert all(e is not None for e in history["eta_seconds"][1:])
+    expected = history_points(history)
+    assert expected["progress"] == expected["loss"] == 16, expected
+    assert task_page_points(train, "trainflow_retraining.train", tmp_path) == expected
+    assert cli_chart_points(train, tmp_path) == expected  # the CLI's chart file of the saved XCom result
+
 
 @pytest.mark.slow
 def test_sweep_example_maps_learning_rates_and_picks_the_best(

@@ -114,7 +114,7 @@ def test_killed_worker_rerun_reattaches_to_the_running_job(
     assert [j.name for j in jobs] == [job.name]  # one TrainJob, not two
     result = out["xcoms"]["train[-1].return_value"]
     assert result["name"] == job.name and result["state"] == "Complete"
-    assert result["metrics"] == {"slept": 300.0}
+    assert result["metrics"] == {"slept": 300.0} and result["return_value"] == {"slept": 300.0}, result
     assert out["xcoms"]["train[-1].job_name"] == job.name
     assert out["xcoms"]["train[-1].job_namespace"] == "default"
 
@@ -131,7 +131,10 @@ def test_rerun_after_completion_returns_result_without_resubmitting(
     assert "already completed: returning its result without resubmitting" in out["log"]
     assert "Submitted TrainJob" not in out["log"]
     assert [j.name for j in key_jobs(local_backend, "tf_test_reattach", out["run_id"])] == [job.name]
-    assert out["xcoms"]["train[-1].return_value"]["metrics"] == {"slept": 3.0}
+    # the reused result carries what downstream reads: metrics, the function's return value, the output
+    result = out["xcoms"]["train[-1].return_value"]
+    assert result["metrics"] == {"slept": 3.0} and result["return_value"] == {"slept": 3.0}, result
+    assert result["output_uri"] == f"file://{trainflow_home}/models/tf_test_reattach/20260201", result
 
 
 def test_failed_attempt_is_retried_as_a_new_trainjob(af, airflow_db, trainflow_home, local_backend, tmp_path):

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -52,17 +53,29 @@ def test_every_declared_class_imports() -> None:
 
 
 def test_providers_manager_registers_hook_form_decorator_and_config() -> None:
+    import importlib.util
+
     from airflow.providers_manager import ProvidersManager
-    from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
+
+    from trainflow.airflow.version_compat import AIRFLOW_V_3_2_PLUS
 
     pm = ProvidersManager()
-    runtime = ProvidersManagerTaskRuntime()
+    runtime: Any = pm  # before the task SDK's own providers manager (3.2), the one manager serves both
+    if importlib.util.find_spec("airflow.sdk") and importlib.util.find_spec(
+        "airflow.sdk.providers_manager_runtime"
+    ):
+        from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
+
+        runtime = ProvidersManagerTaskRuntime()
     assert "trainflow" in pm.providers
     assert runtime.hooks["kubeflow_trainer"].hook_class_name == "trainflow.airflow.hooks.TrainJobHook"
     widgets = pm.connection_form_widgets
     assert widgets["extra__kubeflow_trainer__kubeconfig"].is_sensitive
     assert not widgets["extra__kubeflow_trainer__namespace"].is_sensitive
-    assert widgets["extra__kubeflow_trainer__backend"].field["schema"]["enum"] == ["kubernetes", "local"]
+    if AIRFLOW_V_3_2_PLUS:  # conn-fields: a JSON schema per field
+        assert widgets["extra__kubeflow_trainer__backend"].field["schema"]["enum"] == ["kubernetes", "local"]
+    else:  # the hook's WTForms fields
+        assert widgets["extra__kubeflow_trainer__backend"].field.kwargs["default"] == "kubernetes"
     assert "trainjob" in runtime.taskflow_decorators
     assert "trainflow.airflow.links.TrainJobLink" in pm.extra_links_class_names
     config = dict(pm.provider_configs)["trainflow"]["trainflow"]["options"]
@@ -149,7 +162,7 @@ def test_missing_connection_falls_back_to_default_backend(
 PARSE_PROBE = """
 import sys
 from datetime import datetime
-from airflow.sdk import DAG
+from airflow.providers.common.compat.sdk import DAG
 import trainflow.airflow
 from trainflow.airflow import TrainJobOperator, TrainJobSensor
 with DAG("probe", schedule=None, start_date=datetime(2026, 1, 1)) as dag:
@@ -159,6 +172,15 @@ heavy = ("kubernetes", "kubernetes_asyncio", "torch", "trainflow.core", "yaml", 
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in heavy or m.startswith("trainflow.core"))
 print("LOADED", loaded)
 """
+# What the parse-time check needs: the request model, its errors, and (for a 'module:function' text) the
+# function-reference rule; no kubernetes client, no torch.
+PARSE_TIME_CORE = {
+    "trainflow.core",
+    "trainflow.core.request",
+    "trainflow.core.errors",
+    "trainflow.core.function_trainer",
+    "trainflow.core.reporting",
+}
 
 
 def test_dag_parse_does_not_import_heavy_modules(af, tmp_path: Path) -> None:
@@ -168,18 +190,84 @@ def test_dag_parse_does_not_import_heavy_modules(af, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("LOADED"))
     loaded = eval(line[len("LOADED ") :])
-    assert not [m for m in loaded if m.startswith(("kubernetes", "torch", "trainflow.core"))], loaded
+    heavy = [m for m in loaded if m.startswith(("kubernetes", "torch", "trainflow.core"))]
+    assert not [m for m in heavy if m not in PARSE_TIME_CORE], loaded
 
 
-def test_extra_link_only_when_configured(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainflow.airflow.links import TrainJobLink, format_link
+def test_the_page_link_always_and_the_dashboard_link_when_configured(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from trainflow.airflow.links import TrainJobLink, TrainJobPageLink, format_link
     from trainflow.airflow.operators import TrainJobOperator
+    from trainflow.airflow.version_compat import AIRFLOW_V_3_0_PLUS
 
     op = TrainJobOperator(task_id="t", function="m:f")
-    assert tuple(op.operator_extra_links) == ()
+    assert [type(link) for link in op.operator_extra_links] == [
+        TrainJobPageLink
+    ]  # every line serves the page
+    key = SimpleNamespace(dag_id="d", run_id="manual__2026-01-01T00:00:00+00:00", task_id="t", map_index=-1)
+    # the web server's base URL: [api] base_url on 3.x, [webserver] base_url on 2.x
+    section = "API" if AIRFLOW_V_3_0_PLUS else "WEBSERVER"
+    monkeypatch.setenv(f"AIRFLOW__{section}__BASE_URL", "https://airflow.example.com/af/")
+    page = op.operator_extra_links[0].get_link(op, ti_key=key)
+    assert page == "/af/trainflow/jobs/d/manual__2026-01-01T00%3A00%3A00%2B00%3A00/t?map_index=-1"
     monkeypatch.setenv("AIRFLOW__TRAINFLOW__DASHBOARD_URL_TEMPLATE", "https://dash/{namespace}/{name}")
     links = tuple(op.operator_extra_links)
-    assert [type(link) for link in links] == [TrainJobLink]
+    assert [type(link) for link in links] == [TrainJobPageLink, TrainJobLink]
     op._trainjob_ref = {"name": "job-a", "namespace": "ml"}
-    assert links[0].get_link(op, ti_key=None) == "https://dash/ml/job-a"
+    assert links[1].get_link(op, ti_key=None) == "https://dash/ml/job-a"
     assert format_link("https://dash/{nope}", {"name": "a"}) == ""
+
+
+def test_the_trigger_reads_its_connection_without_a_blocking_call_on_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the triggerer's loop, ``Connection.extra_dejson`` (a synchronous call to the supervisor to mask the
+    secrets) can raise ``DeadlockImminentError``: the hook reads through common-compat's async accessors, which
+    await Airflow's own async read where the line has one and run the synchronous one on a worker thread
+    before. Here the synchronous property fails whenever it is called on a thread running an event loop."""
+    import asyncio
+
+    from airflow.providers.common.compat.sdk import Connection
+
+    from trainflow.airflow.hooks import TrainJobHook
+    from trainflow.core import InvalidRequest
+
+    sync_extra = Connection.extra_dejson
+
+    def on_the_loop_fails(conn: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return sync_extra.fget(conn)  # type: ignore[attr-defined]
+        raise AssertionError("extra_dejson called on the event loop's thread")
+
+    monkeypatch.setattr(Connection, "extra_dejson", property(on_the_loop_fails))
+    extra = {"backend": "local", "namespace": "ns1", "kubeconfig": "apiVersion: v1"}
+    monkeypatch.setenv("AIRFLOW_CONN_TF_ASYNC", json.dumps({"conn_type": "kubeflow_trainer", "extra": extra}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_TF_ASYNC_BAD", json.dumps({"conn_type": "kubeflow_trainer", "extra": "[1]"})
+    )
+
+    from trainflow.airflow.hooks import not_found
+
+    async def read() -> tuple[Any, Any, str]:
+        got = await TrainJobHook("tf_async").aconnection_extra()
+        missing = await TrainJobHook("tf_async_missing").aconnection_extra()
+        # Airflow 3.0 itself drops an environment connection whose extra is not an object ("not found"):
+        # the hook tells the same error from the environment variable, never falls back to discovery
+        with pytest.raises(InvalidRequest, match="'tf_async_bad': extra: is a JSON list") as err:
+            await TrainJobHook("tf_async_bad").aconnection_extra()
+        return got, missing, str(err.value)
+
+    got, missing, _ = asyncio.run(read())
+    assert got == extra and missing is None
+    assert asyncio.run(TrainJobHook("tf_async").aget_backend()).namespace == "ns1"
+    with pytest.raises(InvalidRequest, match="'tf_async_bad': extra: is a JSON list"):
+        TrainJobHook("tf_async_bad").connection_extra()  # the sync path says the same
+    # what the hook does when Airflow says "not found": nothing set is fine; a variable Airflow could not read
+    # is an error naming the variable
+    not_found("tf_async_missing")
+    monkeypatch.setenv("AIRFLOW_CONN_TF_UNREAD", "not a connection")
+    with pytest.raises(InvalidRequest, match="AIRFLOW_CONN_TF_UNREAD: is set, but Airflow could not read it"):
+        not_found("tf_unread")

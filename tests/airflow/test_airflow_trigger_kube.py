@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ def _fake_module():
     spec = importlib.util.spec_from_file_location("_fake_apiserver_for_airflow", _HELPER)
     assert spec and spec.loader, f"{_HELPER} is needed for this test"
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through sys.modules
     spec.loader.exec_module(module)
     return module
 

@@ -24,7 +24,8 @@ class Deployment:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.state = airflow_stack.load(root)
-        self.api = airflow_rest.Airflow(f"http://127.0.0.1:{self.state['ports']['api']}")
+        self.major = int(self.state.get("major", 3))
+        self.api = airflow_rest.Airflow(f"http://127.0.0.1:{self.state['ports']['api']}", major=self.major)
         self.trainflow_home = Path(self.state["env"]["TRAINFLOW_HOME"])
 
     @property

@@ -1,5 +1,7 @@
-"""A real Airflow 3 deployment on loopback: Postgres plus scheduler (LocalExecutor), triggerer, dag-processor
-and api-server, each in its own process group, started and stopped by this file (no orphans).
+"""A real Airflow deployment on loopback: Postgres plus scheduler (LocalExecutor), triggerer, dag-processor and
+api-server (Airflow 3) or webserver (Airflow 2), each in its own process group, started and stopped by this file
+(no orphans). The Airflow line is the venv's; where 2.x and 3.x differ (components, option names, auth), the
+environment says so.
 
     python tests/airflow_deploy/airflow_stack.py up   --dir D --venv V --dags DAGS [--port-base P] [--env K=V ...]
     python tests/airflow_deploy/airflow_stack.py down --dir D
@@ -8,7 +10,7 @@ and api-server, each in its own process group, started and stopped by this file 
 ``D/state.json`` records ports, pids and the environment every process shares (``D/env`` has it as shell
 exports for the CLI). Every process carries ``TRAINFLOW_AIRFLOW_INSTANCE=D``: ``down`` stops the recorded
 process groups, then any process still tagged (LocalExecutor workers, task processes, local-engine jobs).
-Ports (127.0.0.1 only): base+0 api-server, +1 Postgres, +2 scheduler health check.
+Ports (127.0.0.1 only): base+0 api-server or webserver, +1 Postgres, +2 scheduler health check.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import airflow_pg
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+COMPONENTS_2 = ("webserver", "scheduler", "dag-processor", "triggerer")  # Airflow 2: the Flask webserver
 TAG = "TRAINFLOW_AIRFLOW_INSTANCE"
 DEFAULT_PORT_BASE = 29470
 
@@ -52,7 +55,23 @@ def _save(root: Path, state: dict[str, Any]) -> None:
     (root / "env").write_text(exports + f'export PATH={json.dumps(state["venv"] + "/bin")}:"$PATH"\n')
 
 
-def build_env(root: Path, venv: Path, dags: Path, base: int, extra: dict[str, str]) -> dict[str, str]:
+def airflow_version(venv: Path) -> str:
+    out = subprocess.run(
+        [f"{venv}/bin/python", "-c", "import importlib.metadata as m; print(m.version('apache-airflow'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def components_of(version: str) -> tuple[str, ...]:
+    return COMPONENTS if int(version.split(".")[0]) >= 3 else COMPONENTS_2
+
+
+def build_env(
+    root: Path, venv: Path, dags: Path, base: int, extra: dict[str, str], version: str = "3"
+) -> dict[str, str]:
     """The environment every Airflow process of the deployment shares (secrets identical everywhere)."""
     from cryptography.fernet import Fernet
 
@@ -62,40 +81,68 @@ def build_env(root: Path, venv: Path, dags: Path, base: int, extra: dict[str, st
         "AIRFLOW_HOME": str(root / "airflow"),
         "TRAINFLOW_HOME": str(root / "trainflow"),
         "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        # modules beside the DAGs that every process imports by name (callbacks the triggerer runs)
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(dags.parent / "plugins"),
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__CORE__PARALLELISM": "8",
         "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": airflow_pg.url(base + 1),
-        "AIRFLOW__API_AUTH__JWT_SECRET": base64.b64encode(secrets.token_bytes(32)).decode(),
-        "AIRFLOW__API__SECRET_KEY": secrets.token_hex(24),
-        "AIRFLOW__API__BASE_URL": api,
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__PORT": str(base),
-        "AIRFLOW__API__WORKERS": "1",
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{api}/execution/",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "True",
         "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": "127.0.0.1",
         "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(base + 2),
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
+        # the log servers of workers and triggerer (defaults 8793/8794): two deployments may run at once
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(base + 3),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(base + 4),
         # Failure detection fast enough for tests (defaults: 300 s task heartbeat, 30 s triggerer).
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "45",
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
         "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "20",
         "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
         "AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL": "5",
         "AIRFLOW__WEBSERVER__EXPOSE_CONFIG": "True",
+        # the REST API returns XCom values as JSON (``deserialize=true``; off by default before 3.2)
+        "AIRFLOW__API__ENABLE_XCOM_DESERIALIZE_SUPPORT": "True",
         "PYTHONUNBUFFERED": "1",
         # setproctitle (process titles of workers and task runners) otherwise overwrites the environment
         # block, and with it the tag that ``down`` finds processes by
         "SPT_NOENV": "1",
         "NO_PROXY": "127.0.0.1,localhost",
     }
+    if int(version.split(".")[0]) >= 3:
+        env |= {
+            "AIRFLOW__API_AUTH__JWT_SECRET": base64.b64encode(secrets.token_bytes(32)).decode(),
+            "AIRFLOW__API__SECRET_KEY": secrets.token_hex(24),
+            "AIRFLOW__API__BASE_URL": api,
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(base),
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{api}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "45",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+        }
+    else:  # Airflow 2: the same settings under their 2.x names; the webserver (FAB) public role is Admin
+        env |= {
+            "AIRFLOW__WEBSERVER__SECRET_KEY": secrets.token_hex(24),
+            "AIRFLOW__WEBSERVER__BASE_URL": api,
+            "AIRFLOW__WEBSERVER__WEB_SERVER_HOST": "127.0.0.1",
+            "AIRFLOW__WEBSERVER__WEB_SERVER_PORT": str(base),
+            "AIRFLOW__WEBSERVER__WORKERS": "1",
+            "AIRFLOW__API__AUTH_BACKENDS": "airflow.api.auth.backend.default",
+            "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
+            "AIRFLOW__SCHEDULER__DAG_DIR_LIST_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "10",
+            "AIRFLOW__SCHEDULER__SCHEDULER_ZOMBIE_TASK_THRESHOLD": "45",
+            "AIRFLOW__SCHEDULER__ZOMBIE_DETECTION_INTERVAL": "5",
+        }
     env.update(extra)
     return env
+
+
+# Airflow 2's webserver (Flask AppBuilder): every visitor is an Admin, as the 3.x deployment's all-admins mode
+WEBSERVER_CONFIG_2 = 'AUTH_ROLE_PUBLIC = "Admin"\n'
 
 
 def process_env(state: dict[str, Any]) -> dict[str, str]:
@@ -122,6 +169,8 @@ def start_component(root: Path, name: str) -> int:
     argv = [f"{state['venv']}/bin/airflow", name]
     if name == "api-server":
         argv += ["--host", "127.0.0.1", "--port", str(state["ports"]["api"])]
+    elif name == "webserver":
+        argv += ["--hostname", "127.0.0.1", "--port", str(state["ports"]["api"]), "--workers", "1"]
     elif name in ("scheduler", "triggerer"):
         # Airflow's log server binds every interface and has no host option; on one host the API server
         # reads the task and trigger log files directly, so it is not needed.
@@ -222,7 +271,8 @@ def http_ok(url: str, timeout: float = 5.0) -> bool:
 
 def health(root: Path) -> dict[str, Any]:
     state = load(root)
-    url = f"http://127.0.0.1:{state['ports']['api']}/api/v2/monitor/health"
+    path = "/api/v2/monitor/health" if state.get("major", 3) >= 3 else "/api/v1/health"
+    url = f"http://127.0.0.1:{state['ports']['api']}{path}"
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
             return json.loads(resp.read())  # type: ignore[no-any-return]
@@ -263,7 +313,7 @@ def up(
     dags: Path,
     base: int = DEFAULT_PORT_BASE,
     extra: dict[str, str] | None = None,
-    components: tuple[str, ...] = COMPONENTS,
+    components: tuple[str, ...] | None = None,
     timeout: float = 300.0,
 ) -> dict[str, Any]:
     """Start Postgres, migrate, start the components and wait until healthy. Idempotent per ``root``."""
@@ -274,13 +324,26 @@ def up(
         shutil.rmtree(root)
     for sub in ("logs", "airflow", "trainflow"):
         (root / sub).mkdir(parents=True, exist_ok=True)
+    version = airflow_version(venv)
+    components = components or components_of(version)
     state: dict[str, Any] = {
         "venv": str(venv),
-        "ports": {"api": base, "postgres": base + 1, "scheduler_health": base + 2},
+        "airflow": version,
+        "major": int(version.split(".")[0]),
+        "components": list(components),
+        "ports": {
+            "api": base,
+            "postgres": base + 1,
+            "scheduler_health": base + 2,
+            "worker_logs": base + 3,
+            "trigger_logs": base + 4,
+        },
         "pids": {},
-        "env": build_env(root, venv, dags, base, extra or {}),
+        "env": build_env(root, venv, dags, base, extra or {}, version),
         "timings": {},
     }
+    if state["major"] < 3:
+        (root / "airflow" / "webserver_config.py").write_text(WEBSERVER_CONFIG_2)
     _save(root, state)
     os.environ[TAG] = str(root)  # the postmaster is tagged too, so down finds it whatever happens
     try:
@@ -323,7 +386,7 @@ def down(root: Path) -> None:
     if not (root / "state.json").exists():
         return
     _log(f"CPU used by the deployment's processes: {cpu_seconds(root):.0f} s")
-    for name in reversed(COMPONENTS):
+    for name in reversed(load(root).get("components", COMPONENTS)):
         stop_component(root, name)
     pg_pid = airflow_pg.postmaster_pid(root / "pg")
     pg_group = {pg_pid} | {p for p in tagged(root) if pg_pid is not None and _ppid(p) == pg_pid}
@@ -356,7 +419,7 @@ def _ppid(pid: int) -> int | None:
 def status(root: Path) -> int:
     state = load(root)
     bad = 0
-    for name in COMPONENTS:
+    for name in state.get("components", COMPONENTS):
         pid = state["pids"].get(name)
         alive = pid is not None and _group_alive(pid)
         bad += 0 if alive or pid is None else 1
@@ -373,7 +436,7 @@ def main() -> int:
     p.add_argument("--dags", type=Path)
     p.add_argument("--port-base", type=int, default=DEFAULT_PORT_BASE)
     p.add_argument("--env", action="append", default=[], help="K=V added to every process")
-    p.add_argument("--components", default=",".join(COMPONENTS))
+    p.add_argument("--components", default="", help="default: every component of the venv's Airflow")
     a = p.parse_args()
     root = a.dir.resolve()
     if a.action == "up":
@@ -381,7 +444,8 @@ def main() -> int:
             p.error("up needs --venv and --dags")
         extra = dict(kv.split("=", 1) for kv in a.env)
         try:
-            up(root, a.venv.resolve(), a.dags.resolve(), a.port_base, extra, tuple(a.components.split(",")))
+            parts = tuple(a.components.split(",")) if a.components else None
+            up(root, a.venv.resolve(), a.dags.resolve(), a.port_base, extra, parts)
         except Exception as exc:
             _log(f"up failed: {exc}")
             down(root)

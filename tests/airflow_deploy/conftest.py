@@ -26,11 +26,10 @@ def deployment() -> Iterator[Deployment]:
     if not (root / "state.json").exists():
         pytest.fail(f"no Airflow deployment at {root}: run tests/airflow_deploy/run.sh", pytrace=False)
     dep = Deployment(root)
-    health = airflow_stack.health(root)
-    if any(
-        (health.get(k) or {}).get("status") != "healthy" for k in ("scheduler", "triggerer", "dag_processor")
-    ):
-        pytest.fail(f"deployment not healthy: {health}\n{dep.logs_tail()}", pytrace=False)
+    try:  # a component's heartbeat may lapse for a moment right after start-up (3.0's DAG processor parsing)
+        airflow_stack.wait_healthy(root, ("scheduler", "triggerer", "dag-processor"), timeout=60)
+    except RuntimeError as exc:
+        pytest.fail(f"deployment not healthy: {exc}\n{dep.logs_tail()}", pytrace=False)
     yield dep
     dep.api.close()
 
@@ -38,6 +37,26 @@ def deployment() -> Iterator[Deployment]:
 @pytest.fixture
 def api(deployment: Deployment) -> airflow_rest.Airflow:
     return deployment.api
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's Chromium, never a downloaded browser build."""
+    from browser import chromium
+
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser: Any, deployment: Deployment) -> Iterator[Any]:
+    """A logged-in page (all-admins auth: the token login sets the session cookie as a login would)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    p = context.new_page()
+    p.set_default_timeout(60_000)
+    p.goto(f"{deployment.base_url}/auth/token/login?next=/dags", wait_until="networkidle")
+    yield p
+    context.close()
 
 
 @pytest.fixture

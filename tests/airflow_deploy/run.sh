@@ -3,12 +3,14 @@
 #
 #   run.sh [--airflow 3.3] [--suite deploy|floor] [pytest args...]
 #
-# deploy (newest Airflow): the kwok testbed (started unless one is already up at TRAINFLOW_TESTBED_DIR),
+# deploy (newest Airflow): the kwok testbed with Kueue (started unless one is already up at TRAINFLOW_TESTBED_DIR),
 #   Postgres + scheduler + triggerer + dag-processor + api-server (tests/airflow_deploy/airflow_stack.py), the
 #   deployment and browser tests (the provider's unit tests run on this Airflow in make test-fast), with
 #   Airflow's defaults where users meet them ([operators] default_deferrable = False), a cncf.kubernetes
 #   kubernetes_default connection to the testbed, and OpenLineage's console transport for DAGs that enable it.
-# floor: the provider's unit tests and one deferred run through a real deployment on the floor Airflow.
+# floor: the provider's unit tests and a deferred run, a mark-failed, a triggerer kill and a worker kill through a real
+#   deployment on the floor Airflow; the extra links and the TrainJob page in Chromium; the example retraining DAG,
+#   scheduled and deferred; the output's Dataset (2.x) or Asset (3.x) event.
 # Everything started here is stopped on exit, whatever happens.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -28,7 +30,7 @@ PORT_BASE="${TRAINFLOW_AIRFLOW_PORT_BASE:-29470}"
 t0=$(date +%s)
 say() { echo "[e2e-airflow $(date +%H:%M:%S) +$(( $(date +%s) - t0 ))s] $*" >&2; }
 
-if [ "$SUITE" = deploy ]; then bash "$HERE/system_deps.sh"; else bash "$HERE/system_deps.sh" --no-browser; fi
+bash "$HERE/system_deps.sh"  # both suites drive Chromium
 VENV="$(bash "$HERE/venv.sh" "$AIRFLOW_MINOR")"
 PY="$VENV/bin/python"
 say "venv $VENV ($("$PY" -c 'import importlib.metadata as m; print("apache-airflow", m.version("apache-airflow"))'))"
@@ -53,7 +55,7 @@ if [ "$SUITE" != floor ]; then
     say "using the running testbed at $TRAINFLOW_TESTBED_DIR"
   else
     started_testbed=1
-    bash "$REPO/testbed/up.sh"
+    bash "$REPO/testbed/up.sh" --kueue  # test_deploy_kueue.py: deferred tasks through the real Kueue
     say "testbed up"
   fi
   kubeconfig="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["kubeconfig"])' "$TRAINFLOW_TESTBED_DIR/state.json")"
@@ -67,12 +69,19 @@ case "$SUITE" in
       --env 'AIRFLOW__OPENLINEAGE__TRANSPORT={"type": "console"}'
       --env "AIRFLOW__OPENLINEAGE__SELECTIVE_ENABLE=True"
     )
-    tests=("$HERE/test_deploy_local.py" "$HERE/test_deploy_kube.py" "$HERE/test_ui.py")
+    tests=("$HERE/test_deploy_local.py" "$HERE/test_deploy_kube.py" "$HERE/test_deploy_faults.py"
+           "$HERE/test_deploy_kueue.py" "$HERE/test_ui.py" "$HERE/test_trainjob_page.py")
     unit=()  # the newest Airflow is the project's own (uv.lock): make test-fast runs these tests on it
     ;;
   floor)
+    # the example DAGs (tests/airflow_deploy/dags/tf_examples.py), deferred as the config's default says
+    stack_env+=(--env "TRAINFLOW_DEPLOY_EXAMPLES=1" --env "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE=True")
     tests=("$HERE/test_floor.py" "$HERE/test_deploy_local.py::test_deferral_through_the_real_triggerer"
-           "$HERE/test_deploy_local.py::test_marking_a_deferred_task_failed_deletes_its_trainjob")
+           "$HERE/test_deploy_local.py::test_marking_a_deferred_task_failed_deletes_its_trainjob"
+           "$HERE/test_deploy_local.py::test_triggerer_killed_mid_wait_loses_nothing")
+    # the worker kill on 2.x's own task runner (supervisor and raw process); 3.x's task SDK supervisor is the
+    # deploy suite's (3.3), and on 3.0.6 the same test passed in 74 s
+    case "$AIRFLOW_MINOR" in 2.*) tests+=("$HERE/test_deploy_local.py::test_worker_killed_then_retry_reattaches") ;; esac
     # the two user-cancel unit tests drive Airflow 3.3's BaseTrigger.on_kill; before 3.3 the same behaviour
     # (cleanup() + task-state check) is test_marking_a_deferred_task_failed_deletes_its_trainjob above
     unit=(tests/airflow/test_airflow_provider.py tests/airflow/test_airflow_operator_unit.py

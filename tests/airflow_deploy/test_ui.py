@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +17,6 @@ from airflow_rest import Airflow, wait_for
 
 pytestmark = pytest.mark.e2e
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 DASHBOARD = "https://kubeflow.example.com/trainer/{namespace}/trainjobs/{name}"
 CONN_FIELDS = {  # connection extra -> label in the form
     "backend": "Backend",
@@ -38,28 +27,6 @@ CONN_FIELDS = {  # connection extra -> label in the form
     "namespace": "Namespace",
     "local_home": "Local state directory",
 }
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Debian's Chromium, never a downloaded browser build."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser: Any, deployment: Deployment) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    p = context.new_page()
-    p.set_default_timeout(60_000)
-    # all-admins auth: this sets the session cookie as a login would
-    p.goto(f"{deployment.base_url}/auth/token/login?next=/dags", wait_until="networkidle")
-    yield p
-    context.close()
 
 
 def screenshot(page: Any, deployment: Deployment, name: str) -> Path:
@@ -95,7 +62,7 @@ def test_task_page_streams_the_log_and_links_the_trainjob(
     link.wait_for()
     assert link.get_attribute("href") == DASHBOARD.format(namespace=result["namespace"], name=result["name"])
     assert page.get_by_role("heading", name="Extra Links").is_visible()
-    assert api.links(dag, run_id, "train") == {"TrainJob": link.get_attribute("href")}
+    assert api.links(dag, run_id, "train")["TrainJob"] == link.get_attribute("href")
     link.scroll_into_view_if_needed()
     screenshot(page, deployment, "ui-task-extra-link")
 

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Create (or reuse) the venv of one Airflow version from its compiled requirements, print its path.
+# Create (or reuse) the venv of one Airflow line from its compiled requirements, print its path.
 #   tests/airflow_deploy/venv.sh 3.3          -> ~/.cache/trainflow/venv-airflow-3.3-<hash>
 #   tests/airflow_deploy/venv.sh 3.3 --compile  re-resolve requirements/airflow-3.3.txt from airflow-3.3.in
-# The project's .venv cannot hold these: kfp pins kubernetes<31, cncf.kubernetes needs >=36, and the floor
-# needs its own Airflow. The venv is keyed by the requirements file and the checkout (it installs the checkout
-# editable), so a change builds a fresh one and two checkouts never test each other's code.
+# The project's .venv cannot hold these: kfp pins kubernetes<31, cncf.kubernetes needs >=36, and each line needs
+# its own Airflow. Each line resolves under its release's constraints (the offline stand-in in tests/dist/
+# constraints, without its provider pins: providers, common-compat included, are installed as Airflow's
+# "constraints-no-providers" file intends). The venv is keyed by the requirements file and the checkout (it
+# installs the checkout editable), so a change builds a fresh one, two checkouts never test each other's code,
+# and CI and reruns share it (TRAINFLOW_AIRFLOW_VENV_ROOT, default ~/.cache/trainflow).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -13,18 +16,22 @@ REQ_IN="requirements/airflow-$VERSION.in"
 REQ="requirements/airflow-$VERSION.txt"
 UV="$(command -v uv || echo "$HOME/.local/bin/uv")"
 export UV_CACHE_DIR="${UV_CACHE_DIR:-$HOME/.cache/uv}"
+# hardlinks from the uv cache (uv's default on Linux, said here so it holds): a line's venv then costs about
+# 16 MB of its own (5.6 GB apparent, torch included); the cache and the venv root must share a filesystem
+export UV_LINK_MODE="${UV_LINK_MODE:-hardlink}"
 
 if [ "${2:-}" = "--compile" ]; then
-  # The floor resolves as of its release: its constraints file is not reachable from here.
-  declare -A EXCLUDE_NEWER=([3.2]=2026-06-15)
-  extra=()
-  [ -n "${EXCLUDE_NEWER[$VERSION]:-}" ] && extra=(--exclude-newer "${EXCLUDE_NEWER[$VERSION]}")
-  (cd "$REPO" && "$UV" pip compile -q -p 3.11 "${extra[@]}" "tests/airflow_deploy/$REQ_IN" \
+  declare -A RELEASE=([2.11]=2.11.2 [3.0]=3.0.6 [3.1]=3.1.8 [3.2]=3.2.2 [3.3]=3.3.2)
+  constraints="$(mktemp)"; trap 'rm -f "$constraints"' EXIT
+  grep -v '^apache-airflow-providers-' "$REPO/tests/dist/constraints/airflow-${RELEASE[$VERSION]}-py3.11.txt" >"$constraints"
+  (cd "$REPO" && "$UV" pip compile -q -p 3.11 -c "$constraints" "tests/airflow_deploy/$REQ_IN" \
     -o "tests/airflow_deploy/$REQ")
+  sed -i "s|-c $constraints|-c <airflow-${RELEASE[$VERSION]} constraints without providers>|" "$HERE/$REQ"
 fi
 
 # keyed by the requirements and by this checkout: the venv holds an editable install of the tree that built it
-key="$({ cat "$HERE/$REQ"; echo "$REPO"; } | sha256sum | cut -c1-10)"
+# (and by pyproject.toml: the editable install registers its entry points, the plugin's among them, when made)
+key="$({ cat "$HERE/$REQ"; echo "$REPO"; cat "$REPO/pyproject.toml"; } | sha256sum | cut -c1-10)"
 VENV="${TRAINFLOW_AIRFLOW_VENV_ROOT:-$HOME/.cache/trainflow}/venv-airflow-$VERSION-$key"
 if [ ! -f "$VENV/.complete" ]; then
   rm -rf "$VENV"

@@ -135,6 +135,9 @@ def tf_function(command: list[str]) -> dict[str, Any]:
         spec = json.loads(argv[at + 1])
         packages, indexes = spec["packages"], spec["index_urls"]
         argv = argv[: at - 2] + argv[at + 2 :]
+    while "-x" in argv:  # mpirun's -x NAME: the env trainflow forwards to every rank (docs/fidelity.md F1)
+        at = argv.index("-x")
+        argv = argv[:at] + argv[at + 2 :]
     code = argv[-2]
     header = "from __future__ import annotations\n"
     assert code.startswith(header), code[:200]

@@ -34,7 +34,7 @@ TRAINER_VERSION = "v1alpha1"
 JOBSET_GROUP = "jobset.x-k8s.io"
 JOBSET_VERSION = "v1alpha2"
 
-# kwok Stage label (see testbed/testbed.py): a pod carrying it fails (exit 1)
+# kwok Stage label (see testbed/kwok.py): a pod carrying it fails (exit 1)
 # instead of completing.
 KWOK_FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
 # Upstream kwok per-pod annotation: how long a Running Job pod stays Running.

@@ -65,8 +65,7 @@ def step_kwargs(kubeconfig: Path, **kw: Any) -> dict[str, Any]:
         output_uri="s3://bucket/models/kfp-e2e",
         backend="kubernetes",
         backend_config={"kubeconfig": str(kubeconfig)},
-        run_id="run-e2e",
-        task_name="train-job",
+        idempotency_key="run-e2e/train-job",  # the second call below is a retry of this step
         timeout=120.0,
     )
     base.update(kw)
@@ -99,7 +98,7 @@ def test_train_job_completes_and_a_retry_reattaches(
     meta = first.outputs["model"].metadata
     assert meta["model_uri"] == "s3://bucket/models/kfp-e2e"  # cluster mode: the location, not a copy
     assert meta["runtime"] == "torch-distributed" and meta["job_name"] == job["metadata"]["name"]
-    second = train_op()(**step_kwargs(runner_kubeconfig))  # the retried step
+    second = train_op()(**step_kwargs(runner_kubeconfig))  # the retried step (same key)
     assert second.outputs["job_name"] == first.outputs["job_name"]
     assert len(trainjobs(k8s, namespace)) == 1
     print(f"\nkfp step on cluster: submit->Complete {elapsed:.1f}s")
@@ -148,7 +147,7 @@ def test_sigterm_deletes_the_trainjob(
         runner_kubeconfig,
         extra={"annotations": {KWOK_COMPLETE_DELAY: "600s"}},
         timeout=600.0,
-        run_id="run-term",
+        idempotency_key="run-term/train-job",
     )
     script = tmp_path / "step.py"
     script.write_text(textwrap.dedent(STEP_SCRIPT))

@@ -448,6 +448,69 @@ def test_pod_logs_served_through_apiserver(k8s, namespace, testbed):
     assert again == text
 
 
+def test_pod_log_of_its_own_is_followed(k8s, namespace, testbed):
+    """A kwok Logs object gives a pod its own log file; follow=true streams what is appended to it, to 100
+    concurrent followers (an inotify instance each in kwok, within its own user's budget of 128: as root it
+    would share root's with every other process of the machine)."""
+    import datetime as dt
+    import shutil
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    def cri(text: str) -> str:
+        return f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%dT%H:%M:%S.%fZ')} stdout F {text}\n"
+
+    ns, name, followers = namespace, "own-log", 100
+    where = Path(tempfile.mkdtemp(prefix="tf-own-log-"))
+    where.chmod(0o755)  # kwok reads it as a user of its own
+    logfile = where / "rank0.log"
+    logfile.write_text(cri("first"))
+    logfile.chmod(0o644)
+    container = {"name": "node", "image": "registry.invalid/own-log:0"}
+    k8s.core.create_namespaced_pod(
+        ns, {"metadata": {"name": name}, "spec": {"nodeName": testbed.state["kwok_nodes"][0],
+                                                  "containers": [container]}}
+    )  # fmt: skip
+    logs = {"containers": ["node"], "logsFile": str(logfile)}
+    k8s.custom.create_namespaced_custom_object(
+        "kwok.x-k8s.io", "v1alpha1", ns, "logs",
+        {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Logs", "metadata": {"name": name},
+         "spec": {"logs": [logs]}},
+    )  # fmt: skip
+
+    def started():
+        statuses = k8s.core.read_namespaced_pod(name, ns).status.container_statuses or []
+        return any(c.state.running for c in statuses)
+
+    wait_until(started, TIMEOUT, "pod running")
+    wait_until(
+        lambda: k8s.core.read_namespaced_pod_log(name, ns, container="node") == "first\n", TIMEOUT, "own log"
+    )
+
+    def follow(_: int) -> str:
+        resp = k8s.core.read_namespaced_pod_log(
+            name, ns, container="node", follow=True, _preload_content=False, _request_timeout=(10, 30)
+        )
+        seen = ""
+        try:
+            for chunk in resp.stream(1024):
+                seen += chunk.decode()
+                if "second" in seen:
+                    break
+        finally:
+            resp.release_conn()
+        return seen
+
+    with ThreadPoolExecutor(followers) as pool:
+        futures = [pool.submit(follow, i) for i in range(followers)]
+        time.sleep(5)  # every follower is at the end of the file, waiting
+        with open(logfile, "a") as fh:
+            fh.write(cri("second"))
+        seen = [f.result() for f in futures]
+    shutil.rmtree(where)
+    assert seen == ["first\nsecond\n"] * followers
+
+
 def test_rbac_is_enforced(k8s, namespace, sa_api_client):
     """The API server authorizes with RBAC: a ServiceAccount can do only what a Role grants."""
     ns = namespace

@@ -1,6 +1,6 @@
 """Fixtures for the real-pods suite (``make e2e-pods``): the testbed in pods mode (``testbed/up.sh --pods``).
 
-A real node runs every pod: containerd, runc, the kubelet, kube-proxy and CoreDNS, with the Trainer
+Two real nodes run the pods (each: containerd, runc, the kubelet, kube-proxy and CoreDNS), with the Trainer
 controller in cluster (TrainJobStatus on). The e2e fixtures (``testbed``, ``k8s``, ``namespace``, ...) are
 reused from tests/e2e/conftest.py; this module adds the shared RWX volume, CRI inspection and helpers.
 """
@@ -71,26 +71,65 @@ def jobsets(k8s: Any, ns: str) -> list[dict[str, Any]]:
 
 
 def cri_containers(testbed: Any, ns: str) -> list[str]:
-    """Container ids the CRI (containerd's k8s.io namespace) still holds for pods of ``ns``, sandboxes too."""
+    """Container ids the CRI (containerd's k8s.io namespace) of any node still holds for pods of ``ns``,
+    sandboxes too."""
     node_bin = Path(testbed.state["node_bin"])
-    r = subprocess.run(
-        [
-            str(node_bin / "ctr"),
-            "--address",
-            testbed.state["containerd_socket"],
-            "--namespace",
-            "k8s.io",
-            "containers",
-            "ls",
-            "--quiet",
-            f'labels."{POD_NS_LABEL}"=={ns}',
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert r.returncode == 0, r.stderr
-    return r.stdout.split()
+    ids = []
+    for node in testbed.state["nodes"]:
+        r = subprocess.run(
+            [
+                str(node_bin / "ctr"),
+                "--address",
+                node["containerd_socket"],
+                "--namespace",
+                "k8s.io",
+                "containers",
+                "ls",
+                "--quiet",
+                f'labels."{POD_NS_LABEL}"=={ns}',
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert r.returncode == 0, r.stderr
+        ids += r.stdout.split()
+    return ids
+
+
+def spread_over_nodes(*replicated_jobs: str) -> list[dict[str, Any]]:
+    """runtime_patches that put each pod of the job on a node of its own (required pod anti-affinity on the
+    hostname among the namespace's JobSet pods), as a user asks for ranks on distinct nodes."""
+    affinity = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "topologyKey": "kubernetes.io/hostname",
+                    "labelSelector": {
+                        "matchExpressions": [{"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]
+                    },
+                }
+            ]
+        }
+    }
+    jobs = [
+        {"name": j, "template": {"spec": {"template": {"spec": {"affinity": affinity}}}}}
+        for j in replicated_jobs
+    ]
+    return [
+        {
+            "manager": "trainflow.test/spread",
+            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": jobs}}},
+        }
+    ]
+
+
+def pod_nodes(k8s: Any, ns: str, selector: str = "") -> dict[str, str]:
+    """Pod name -> spec.nodeName for the pods of ``ns`` (matching ``selector``)."""
+    return {
+        p.metadata.name: p.spec.node_name
+        for p in k8s.core.list_namespaced_pod(ns, label_selector=selector).items
+    }
 
 
 def assert_all_gone(testbed: Any, k8s: Any, ns: str, timeout: float = 120) -> float:

@@ -2,7 +2,8 @@
 subprocess, kubernetes backend from the connection, deferrable waits in the in-process triggerer):
 
 - the retraining example DAG: torch 2x2 function trainer; the downstream task loads the model the pods wrote
-  on the shared volume; XCom metrics come from ``trainerStatus``; rank 0's log streams into the task log;
+  on the shared volume; XCom metrics come from ``trainerStatus``; rank 0's log streams into the task log; the
+  wait's history (10+ points, an ETA while running) is drawn on the task's TrainJob page and in the CLI's chart;
 - ``@task.trainjob`` on torch-distributed;
 - ``on_kill`` (SIGTERM to a task waiting in the worker) deletes the TrainJob: nothing left, CRI included.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from browser import cli_chart_points, history_points, task_page_points
 from conftest import TRAINER_GROUP, TRAINER_VERSION, record, sigterm_when_running
 
 pytestmark = pytest.mark.e2e
@@ -126,7 +128,19 @@ def test_retraining_example_dag_trains_on_pods_and_evaluates_the_model_from_the_
     assert tasks["promote[-1]"]["state"] == "success"
     # rank 0's log lines were streamed into the train task's log while it ran
     assert "world_size=4" in log and "saved model to" in log, log[-8000:]
-    record("airflow_retraining_dag", {"seconds": round(elapsed, 1)})
+
+    # the history the deferred wait kept from trainerStatus (rank 0 reports every 4 of 60 epochs, then the final
+    # report; a status update may fold two reports into one point): an ETA from the second running point on, and
+    # the task's TrainJob page, read by Chromium, draws every point of it
+    history = train["history"]
+    assert 10 <= len(history["time"]) <= 16, history
+    running = [e for e, p in zip(history["eta_seconds"], history["progress"], strict=True) if p and p < 100]
+    assert running[1:] and all(e is not None for e in running[1:]), history
+    expected = history_points(history)
+    assert expected["loss"] >= 10, expected
+    assert task_page_points(train, "trainflow_retraining.train", tmp_path) == expected
+    assert cli_chart_points(train, tmp_path) == expected  # the CLI's chart file of the saved XCom result
+    record("airflow_retraining_dag", {"seconds": round(elapsed, 1), "history_points": len(history["time"])})
 
 
 def test_task_trainjob_function_runs_on_torch_distributed(

@@ -4,7 +4,8 @@ in the KFP step image (``make images``), in a real pod, as pipeline-runner with 
 The pod gets what the KFP launcher would run: the YAML's command and args with ``{{$}}`` replaced by an executor
 input shaped like the KFP driver's (output URIs ``<root>/<pipeline>/<run>/<task>/<execution uuid>/<name>``) and no
 identity arguments. The first pod is lost (force-deleted: SIGKILL) while its TrainJob runs; the retried pod, with
-the same executor input as an Argo retry has, reattaches to that TrainJob instead of creating a second one.
+the same executor input as an Argo retry has, reattaches to that TrainJob instead of creating a second one. A third
+pod (a run retried after the job completed) reuses it and publishes the metrics a fresh wait read.
 """
 
 from __future__ import annotations
@@ -52,6 +53,15 @@ def step_pod(name: str) -> client.V1Pod:
                     image_pull_policy="Never",  # imported into the node's containerd by up.sh --pods
                     command=command,
                     args=args,
+                    env=[  # what KFP's Argo compiler sets on every step container (argocompiler/common.go)
+                        client.V1EnvVar(
+                            name=n,
+                            value_from=client.V1EnvVarSource(
+                                field_ref=client.V1ObjectFieldSelector(field_path=f)
+                            ),
+                        )
+                        for n, f in (("KFP_POD_NAME", "metadata.name"), ("KFP_POD_UID", "metadata.uid"))
+                    ],
                 )
             ],
         ),
@@ -70,6 +80,15 @@ def pipeline_runner(testbed: Any, k8s: Any, namespace: str) -> Any:
 
 def pod_phase(k8s: Any, ns: str, name: str) -> str:
     return str(k8s.core.read_namespaced_pod(name, ns).status.phase)
+
+
+def run_step(k8s: Any, ns: str, name: str) -> str:
+    """One step pod to its end; it must succeed. Returns its log."""
+    k8s.core.create_namespaced_pod(ns, step_pod(name))
+    wait_until(lambda: pod_phase(k8s, ns, name) in ("Succeeded", "Failed"), 300, f"{name} done")
+    text = str(k8s.core.read_namespaced_pod_log(name, ns))
+    assert pod_phase(k8s, ns, name) == "Succeeded", text[-4000:]
+    return text
 
 
 def test_compiled_component_in_the_step_image_reattaches_after_a_lost_pod(
@@ -94,15 +113,16 @@ def test_compiled_component_in_the_step_image_reattaches_after_a_lost_pod(
     k8s.core.delete_namespaced_pod("step-try-1", namespace, grace_period_seconds=0)
     wait_until(lambda: not [p for p in k8s.core.list_namespaced_pod(namespace).items if p.metadata.name == "step-try-1"],
                60, "step-try-1 gone")  # fmt: skip
-    k8s.core.create_namespaced_pod(namespace, step_pod("step-try-2"))  # the retry
-    wait_until(
-        lambda: pod_phase(k8s, namespace, "step-try-2") in ("Succeeded", "Failed"), 300, "step-try-2 done"
-    )
-    second = k8s.core.read_namespaced_pod_log("step-try-2", namespace)
-    assert pod_phase(k8s, namespace, "step-try-2") == "Succeeded", second[-4000:]
+    second = run_step(k8s, namespace, "step-try-2")  # the retry
     assert f"Reattaching to running TrainJob {namespace}/{name} (attempt 1)" in second, second[-4000:]
     assert f'TrainJob {namespace}/{name} Complete; metrics={{"loss": 0.5}}' in second, second[-4000:]
     (done,) = trainjobs(k8s, namespace)  # still one TrainJob
     assert done["metadata"]["name"] == name
     assert any(c["type"] == "Complete" and c["status"] == "True" for c in done["status"]["conditions"])
+    # the run is retried after the job completed (say the upload of the outputs failed): the step reuses the
+    # TrainJob and publishes the metrics a fresh wait read (rank 0's log), not a bare read of the TrainJob
+    third = run_step(k8s, namespace, "step-try-3")
+    assert f"TrainJob {namespace}/{name} already completed" in third, third[-4000:]
+    assert f'TrainJob {namespace}/{name} Complete; metrics={{"loss": 0.5}}' in third, third[-4000:]
+    assert len(trainjobs(k8s, namespace)) == 1
     print(f"\nstep image in real pods: lost pod + retry -> Complete in {time.monotonic() - t0:.1f}s")

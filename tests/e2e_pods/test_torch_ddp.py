@@ -1,5 +1,5 @@
-"""Issue 10 items 1 and 4: torch-distributed, 2 nodes x 2 processes, a container trainer (torchrun, DDP on
-gloo) in real containers; the model lands on the shared RWX volume; rank 0's ``report()`` goes through the
+"""Issue 10 items 1 and 4, issue 21 item 5: torch-distributed, 2 nodes x 2 processes, a container trainer
+(torchrun, DDP on gloo) in real containers, one node pod on each real node (the rendezvous crosses nodes); the model lands on the shared RWX volume; rank 0's ``report()`` goes through the
 Trainer's status server into ``status.trainerStatus`` and from there into ``TrainJobResult``.
 """
 
@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import TORCH_IMAGE, TRAINER_GROUP, TRAINER_VERSION, pod_logs, record
+from conftest import (
+    TORCH_IMAGE,
+    TRAINER_GROUP,
+    TRAINER_VERSION,
+    pod_logs,
+    pod_nodes,
+    record,
+    spread_over_nodes,
+)
 from trainflow.core import JobState, TrainJobRequest
 
 pytestmark = pytest.mark.e2e
@@ -71,6 +79,7 @@ def test_two_nodes_two_procs_train_write_the_model_and_report_through_the_status
         proc_per_node=2,
         volumes=[shared_volume.request_volume()],
         output_uri=f"file://{out}",
+        runtime_patches=spread_over_nodes("node"),
     )
     t0 = time.monotonic()
     ref = backend.submit(request)
@@ -84,6 +93,9 @@ def test_two_nodes_two_procs_train_write_the_model_and_report_through_the_status
     # rank logs (both pods, both local ranks each): world size 4, ranks 0-3 on two nodes
     logs = pod_logs(k8s, namespace, f"jobset.sigs.k8s.io/jobset-name={ref.name}")
     assert len(logs) == 2, list(logs)
+    # one pod on each real node: the rendezvous (PET_MASTER_ADDR, the JobSet's DNS name) crossed nodes
+    nodes = pod_nodes(k8s, namespace, f"jobset.sigs.k8s.io/jobset-name={ref.name}")
+    assert sorted(nodes.values()) == ["pods-node-0", "pods-node-1"], nodes
     ranks = {
         int(m["rank"]): (int(m["world"]), m["node"])
         for text in logs.values()

@@ -191,10 +191,16 @@ def test_compiled_train_job_runs_in_the_image_and_its_retry_reuses_the_trainjob(
 
     outputs, first, summary = pod()
     name = outputs["job_name"]
-    assert outputs == {"job_name": name, "namespace": "default", "state": "Complete"}
+    assert {k: outputs[k] for k in ("job_name", "namespace", "state")} == {
+        "job_name": name,
+        "namespace": "default",
+        "state": "Complete",
+    }
+    assert json.loads(outputs["result"])["name"] == name
     assert name.startswith("train-job-") and f"Submitted TrainJob default/{name} (attempt 1)" in first
     assert summary.startswith(f"## TrainJob `default/{name}`: Complete")
     again, second, _ = pod()  # the retried pod: same executor input, fresh container
+    # the reused TrainJob's outputs are the fresh run's, its result JSON included
     assert again == outputs and f"TrainJob default/{name} already completed" in second
     assert [p.name for p in (volume / "trainflow-home" / "jobs" / "default").iterdir()] == [name]
 

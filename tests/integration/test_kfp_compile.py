@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kfp import compiler, components
+from kfp import compiler, components, dsl
 
 from trainflow.kfp.compile import compile_all
 
@@ -66,7 +66,7 @@ def test_train_job_yaml_interface_and_round_trip() -> None:
     outs = comp["outputDefinitions"]
     assert outs["artifacts"]["model"]["artifactType"]["schemaTitle"] == "system.Model"
     assert outs["artifacts"]["metrics"]["artifactType"]["schemaTitle"] == "system.Metrics"
-    assert set(outs["parameters"]) == {"job_name", "namespace", "state"}
+    assert set(outs["parameters"]) == {"job_name", "namespace", "state", "result"}
     assert outs["artifacts"]["summary"]["artifactType"]["schemaTitle"] == "system.Markdown"
     executor = doc["deploymentSpec"]["executors"]["exec-train-job"]["container"]
     assert "from trainflow.kfp.runner import run_train_job" in "\n".join(executor["command"])
@@ -109,6 +109,8 @@ def test_example_pipeline_compiles(tmp_path: Path) -> None:
     doc = yaml.safe_load(out.read_text())
     tasks = doc["root"]["dag"]["tasks"]
     assert {"train-job", "evaluate", "condition-branches-1"} <= set(tasks)
+    # training is never a cache hit unless the pipeline opts in; evaluate keeps kfp's default
+    assert tasks["train-job"]["cachingOptions"] == {} and tasks["evaluate"]["cachingOptions"]["enableCache"]
     train = tasks["train-job"]["inputs"]["parameters"]
     assert not {"run_id", "task_name", "idempotency_key", "name"} & set(train)  # no identity boilerplate
     assert train["function"]["runtimeValue"]["constant"] == "example_training:train_regression"
@@ -119,3 +121,22 @@ def test_example_pipeline_compiles(tmp_path: Path) -> None:
     assert not any(
         "pip" in " ".join(e["container"]["command"] + e["container"].get("args", [])) for e in executors
     )
+
+
+def test_shipped_components_are_not_cached_by_default(tmp_path: Path) -> None:
+    for path in sorted(YAML_DIR.glob("*.yaml")):
+        (task,) = yaml.safe_load(path.read_text())["root"]["dag"]["tasks"].values()
+        assert task["cachingOptions"] == {}, path  # enableCache false: a backend runs the YAML uncached
+    # kfp reads no caching option from a component file: a task of a loaded component follows the pipeline's
+    # default (on), so the pipeline turns it off itself (docs/kfp.md, "Caching")
+    loaded = components.load_component_from_file(str(YAML_DIR / "train_job.yaml"))
+
+    @dsl.pipeline
+    def from_yaml():  # no annotations: this module has postponed (string) ones, which kfp cannot read
+        loaded(command=["a"])
+        loaded(command=["b"]).set_caching_options(False)
+
+    compiler.Compiler().compile(from_yaml, str(tmp_path / "p.yaml"))
+    tasks = yaml.safe_load((tmp_path / "p.yaml").read_text())["root"]["dag"]["tasks"]
+    assert tasks["train-job"]["cachingOptions"] == {"enableCache": True}
+    assert tasks["train-job-2"]["cachingOptions"] == {}

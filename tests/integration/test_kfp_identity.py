@@ -52,8 +52,15 @@ def step_processes(root: Path) -> list[int]:
     return found
 
 
-def kill_step_once_trainer_runs(root: Path, pids: Path, killed: list[int]) -> threading.Thread:
-    """Lose the step's pod: SIGKILL the step's processes once the trainer is up; the TrainJob keeps running."""
+def kill_step_once_trainer_runs(
+    root: Path, pids: Path, killed: list[int], capfd: pytest.CaptureFixture[str], seen: list[str]
+) -> threading.Thread:
+    """Lose the step's pod: SIGKILL the step's processes once the trainer is up; the TrainJob keeps running.
+
+    The trainer then waits for a gate file, which opens once the retried step has said it reattached: however
+    slow the retry is to start under load, the job is still running when it looks. What the steps print is
+    gathered in ``seen``.
+    """
 
     def run() -> None:
         deadline = time.monotonic() + 120
@@ -62,6 +69,11 @@ def kill_step_once_trainer_runs(root: Path, pids: Path, killed: list[int]) -> th
         for pid in step_processes(root):
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
+        deadline = time.monotonic() + 150
+        while "Reattaching to running TrainJob" not in "".join(seen) and time.monotonic() < deadline:
+            seen.append(capfd.readouterr().out)
+            time.sleep(0.1)
+        (pids / "gate").touch()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -76,7 +88,8 @@ def test_retried_step_without_identity_arguments_reattaches(
     pids.mkdir()
     trainer = (
         "import os, time; from trainflow.core import output_dir, report; "
-        f"open(os.path.join({str(pids)!r}, 'pid-%d' % os.getpid()), 'w').close(); time.sleep(8); "
+        f"open(os.path.join({str(pids)!r}, 'pid-%d' % os.getpid()), 'w').close(); "
+        f"gate = {str(pids / 'gate')!r}; [time.sleep(0.1) for _ in range(1500) if not os.path.exists(gate)]; "
         "(output_dir() / 'model.txt').write_text('w=1'); report(metrics={'loss': 0.25})"
     )
 
@@ -91,10 +104,11 @@ def test_retried_step_without_identity_arguments_reattaches(
         ).set_retry(num_retries=1)
 
     killed: list[int] = []
-    killer = kill_step_once_trainer_runs(env["root"], pids, killed)
+    seen: list[str] = []
+    killer = kill_step_once_trainer_runs(env["root"], pids, killed, capfd, seen)
     no_boilerplate()
     killer.join(timeout=5)
-    out = capfd.readouterr().out
+    out = "".join(seen) + capfd.readouterr().out
     assert killed, "the first try of the step was never killed"
     (name,) = job_names(env["home"])  # one TrainJob for both tries
     assert len(list(pids.glob("pid-*"))) == 1  # its trainer ran once
@@ -104,7 +118,13 @@ def test_retried_step_without_identity_arguments_reattaches(
 
     (step,) = env["root"].glob("no-boilerplate-*/train-job")
     outputs = json.loads((step / "executor_output.json").read_text())
-    assert outputs["parameterValues"] == {"job_name": name, "namespace": "default", "state": "Complete"}
+    written = outputs["parameterValues"]
+    assert {k: written[k] for k in ("job_name", "namespace", "state")} == {
+        "job_name": name,
+        "namespace": "default",
+        "state": "Complete",
+    }
+    assert json.loads(written["result"])["metrics"] == {"loss": 0.25}
     assert (step / "model" / "model.txt").read_text() == "w=1"
     text = (step / "summary").read_text()
     assert text.startswith(f"## TrainJob `default/{name}`: Complete\n")
@@ -113,19 +133,29 @@ def test_retried_step_without_identity_arguments_reattaches(
     assert "| loss | 0.25 |" in text and "| Model artifact | 1 file(s): `model.txt` |" in text
 
 
+PAIR = {"run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER, "task_name": dsl.PIPELINE_TASK_NAME_PLACEHOLDER}
+
+
+def same_step(env: dict[str, Any], identity: dict[str, str]) -> Any:
+    """A train_job task whose arguments are the same wherever it is used."""
+    return train_job(
+        runtime="torch-distributed",
+        command=["python", "-c", "print('same arguments')"],
+        num_nodes=1,
+        backend="local",
+        backend_config=env["backend_config"],
+        **identity,
+    )
+
+
+@pytest.mark.parametrize("identity", [{}, PAIR], ids=["no-identity-arguments", "run-id-and-task-name"])
 def test_parallel_for_iterations_with_identical_arguments_get_their_own_trainjobs(
-    env: dict[str, Any], capfd: pytest.CaptureFixture[str]
+    env: dict[str, Any], capfd: pytest.CaptureFixture[str], identity: dict[str, str]
 ) -> None:
     @dsl.pipeline
     def fan_out() -> None:
         with dsl.ParallelFor(items=[1, 2]):
-            train_job(
-                runtime="torch-distributed",
-                command=["python", "-c", "print('same arguments')"],
-                num_nodes=1,
-                backend="local",
-                backend_config=env["backend_config"],
-            )
+            same_step(env, identity)
 
     fan_out()
     out = capfd.readouterr().out
@@ -141,5 +171,94 @@ def test_parallel_for_iterations_with_identical_arguments_get_their_own_trainjob
         line.rsplit("key ", 1)[1].rstrip(")") for line in out.splitlines() if "Submitted TrainJob" in line
     }
     assert len(keys) == 2 and all(k.startswith("train-job/") for k in keys), keys
+    if identity:  # kfp.local resolves the placeholders: both iterations have one run id and task name
+        (run,) = {k.split("/")[1] for k in keys}
+        assert run.isdigit()
     be = get_backend("local", home=env["home"])
     assert all(be.get(n).state is JobState.COMPLETE for n in names)
+
+
+def test_a_sub_pipeline_used_twice_gets_two_trainjobs(env: dict[str, Any]) -> None:
+    @dsl.pipeline
+    def train_once(tag: str) -> None:
+        same_step(env, PAIR)
+
+    @dsl.pipeline
+    def twice() -> None:
+        train_once(tag="a")
+        train_once(tag="b")  # the tag is not a train_job argument: the steps' arguments are identical
+
+    twice()
+    assert len(job_names(env["home"])) == 2
+
+
+TRAINER_MODULE = """
+import time
+
+from trainflow.core import output_dir, report
+
+
+def train(seconds: float) -> dict:
+    time.sleep(seconds)
+    (output_dir() / "model.txt").write_text("w=3")
+    report(metrics={"loss": 0.125, "accuracy": 0.75})
+    return {"best_epoch": 7, "classes": ["a", "b"]}
+"""
+
+
+def test_a_step_retried_after_its_trainjob_completed_publishes_what_a_fresh_run_does(
+    env: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The first try gives up waiting (timeout) while the trainer runs; kfp.local's retry finds the TrainJob
+    Complete and reuses it. Its outputs (result with metrics and return value, Metrics, Model, summary) are
+    those of a fresh run of the same step."""
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "reuse_trainer.py").write_text(TRAINER_MODULE)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(modules), os.environ.get("PYTHONPATH")]))
+    )
+    args = dict(
+        runtime="torch-distributed",
+        function="reuse_trainer:train",
+        function_kwargs={"seconds": 4},
+        num_nodes=1,
+        backend="local",
+        backend_config=env["backend_config"],
+    )
+
+    @dsl.pipeline
+    def retried() -> None:
+        # a try gives up after 2 s; the next one starts 15 s later (30 s for a third), when the job is done
+        train_job(**args, timeout=2.0).set_retry(num_retries=2, backoff_duration="15s")
+
+    @dsl.pipeline
+    def fresh() -> None:
+        train_job(**args)
+
+    retried()
+    out = capfd.readouterr().out
+    (name,) = job_names(env["home"])
+    assert "timeout=2.0s" in out and f"TrainJob default/{name} already completed" in out
+    fresh()
+
+    def outputs(pipeline: str) -> dict[str, Any]:
+        (step,) = env["root"].glob(f"{pipeline}-*/train-job")
+        written = json.loads((step / "executor_output.json").read_text())
+        result = json.loads(written["parameterValues"]["result"])
+        model = written["artifacts"]["model"]["artifacts"][0]["metadata"]
+        summary = (step / "summary").read_text()
+        return {
+            "state": result["state"],
+            "metrics": result["metrics"],
+            "return_value": result["return_value"],
+            "Metrics": written["artifacts"]["metrics"]["artifacts"][0]["metadata"],
+            "Model": {k: model[k] for k in ("metrics", "files", "state", "runtime", "framework")},
+            "model.txt": (step / "model" / "model.txt").read_text(),
+            "summary metrics": summary[summary.index("### Metrics") :],
+        }
+
+    reused, new = outputs("retried"), outputs("fresh")
+    assert reused == new
+    assert reused["return_value"] == {"best_epoch": 7, "classes": ["a", "b"]}
+    assert reused["metrics"] == reused["Metrics"] == {"loss": 0.125, "accuracy": 0.75}

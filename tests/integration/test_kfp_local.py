@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from kfp import local
 
+from browser import chart_points, chromium, record_requests, screenshot
 from trainflow.core import JobState, get_backend
 from trainflow.kfp import make_train_job_component, make_wait_train_job_component
 
@@ -107,8 +108,31 @@ def test_example_pipeline_trains_evaluates_and_promotes(
     assert record["stage"] == "production" and record["job_name"] == jobdir.name and record["mse"] == mse
     assert "promote: registered" in out and "reject:" not in out
 
+    # the HTML report: every report the trainer made (its own record) drawn, as Chromium parses the charts
+    reports = [json.loads(line) for line in (jobdir / "reports.jsonl").read_text().splitlines()]
+    expected = {"progress": sum("progressPercentage" in r for r in reports)}
+    for name in ("loss", "train_loss", "world_size"):
+        expected[name] = sum(name in r["metrics"] for r in reports)
+    assert expected["loss"] >= 10 and expected["progress"] == len(reports)  # the acceptance floor
+    running = [r for r in reports if r["progressPercentage"] < 100]
+    assert all("estimatedRemainingSeconds" in r for r in running[1:])  # an ETA while it ran
+    page_file = run_dir / "train-job" / "report"
+    html = page_file.with_suffix(".html")  # KFP serves it as text/html; a file:// URL needs the suffix
+    html.write_bytes(page_file.read_bytes())
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1000, "height": 800})
+        fetched = record_requests(page)
+        page.goto(html.as_uri())
+        assert fetched == [html.as_uri()]  # self-contained: nothing else is fetched
+        assert chart_points(page) == expected
+        assert page.locator("#tf-state").inner_text() == "Complete (AllJobsCompleted)"
+        assert jobdir.name in page.title()
+        screenshot(page, "kfp-train-job-report", run_dir)
 
-def test_retried_step_reattaches_to_its_trainjob(env: dict[str, Any]) -> None:
+
+def test_a_step_with_the_same_idempotency_key_reuses_its_trainjob(env: dict[str, Any]) -> None:
+    """Each single-step kfp.local call is a run of its own (its own output folder): only an explicit key makes two
+    calls the same step; run_id/task_name do not (they label the key)."""
     op = train_op()
     kwargs = dict(
         runtime="torch-distributed",
@@ -116,17 +140,21 @@ def test_retried_step_reattaches_to_its_trainjob(env: dict[str, Any]) -> None:
         num_nodes=1,
         backend="local",
         backend_config=env["backend_config"],
-        run_id="run-123",
-        task_name="train-job",
+        idempotency_key="nightly-2026-12-01",
     )
     first = op(**kwargs)
-    second = op(**kwargs)  # the retry: same run id, task name and arguments
+    second = op(**kwargs)  # the same step again: same key and arguments
     assert first.outputs["job_name"] == second.outputs["job_name"]
     assert second.outputs["state"] == "Complete"
     assert [d.name for d in job_dirs(env["home"])] == [first.outputs["job_name"]]
-    other = op(**{**kwargs, "run_id": "run-456"})  # another run is another job
+    other = op(**{**kwargs, "idempotency_key": "nightly-2026-12-02"})  # another key is another job
     assert other.outputs["job_name"] != first.outputs["job_name"]
     assert len(job_dirs(env["home"])) == 2
+    paired = {k: v for k, v in kwargs.items() if k != "idempotency_key"}
+    labelled = op(**paired, run_id="run-123", task_name="train-job")
+    again = op(**paired, run_id="run-123", task_name="train-job")  # another call: another output folder
+    assert labelled.outputs["job_name"] != again.outputs["job_name"]
+    assert len(job_dirs(env["home"])) == 4
 
 
 def test_failed_trainjob_fails_the_step_with_reason(
@@ -139,8 +167,7 @@ def test_failed_trainjob_fails_the_step_with_reason(
         num_nodes=1,
         backend="local",
         backend_config=env["backend_config"],
-        run_id="run-fail",
-        task_name="train-job",
+        idempotency_key="run-fail/train-job",  # the second call below is a retry of this step
     )
     with pytest.raises(RuntimeError, match="FAILURE"):
         op(**kwargs)
@@ -234,8 +261,7 @@ def step_kwargs(home: Path, pids: Path, on_cancel: str, sleep: float) -> dict[st
         num_nodes=2,
         backend="local",
         backend_config={"home": str(home)},
-        run_id="run-term",
-        task_name="train-job",
+        idempotency_key="run-term/train-job",  # a restarted step (another kfp.local call) is the same step
         on_cancel=on_cancel,
     )
 
@@ -314,7 +340,7 @@ def test_restarted_step_reattaches_to_the_running_trainjob(
     proc.wait(timeout=30)
     (jobdir,) = job_dirs(home)
     assert get_backend("local", home=home).get(jobdir.name).state is JobState.RUNNING
-    task = train_op()(**kwargs)  # the restarted step, same run id / task name / arguments
+    task = train_op()(**kwargs)  # the restarted step, same key and arguments
     assert task.outputs["job_name"] == jobdir.name and task.outputs["state"] == "Complete"
     assert f"Reattaching to running TrainJob default/{jobdir.name} (attempt 1)" in capfd.readouterr().out
     assert job_dirs(home) == [jobdir]

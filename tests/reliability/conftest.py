@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-_E2E_CONFTEST = Path(__file__).resolve().parents[1] / "e2e" / "conftest.py"
+TESTS = Path(__file__).resolve().parents[1]
 
 
-def _load_e2e_conftest() -> Any:
-    name = "trainflow_e2e_fixtures"
+def _load(name: str, path: Path) -> Any:
+    """A helper module of another test folder, by path (registered, so ``from <name> import`` works after)."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, _E2E_CONFTEST)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -29,7 +29,11 @@ def _load_e2e_conftest() -> Any:
     return module
 
 
-_e2e = _load_e2e_conftest()
+_e2e = _load("trainflow_e2e_fixtures", TESTS / "e2e" / "conftest.py")
+# the loopback API server of the watch tests; the credential helpers and proxy thread of the parity suite
+_load("fake_apiserver", TESTS / "unit" / "fake_apiserver.py")
+_load("credential_helpers", TESTS / "e2e" / "credential_helpers.py")
+_load("forward_proxy", TESTS / "e2e" / "forward_proxy.py")
 # the same fixtures as tests/e2e (testbed must be up; never skipped)
 testbed = _e2e.testbed
 k8s = _e2e.k8s
@@ -40,6 +44,7 @@ create_namespace = _e2e.create_namespace
 delete_namespace = _e2e.delete_namespace
 dump_namespace = _e2e.dump_namespace
 request_totals = _e2e.request_totals
+sa_kubeconfig = _e2e.sa_kubeconfig
 
 TRAINER_GROUP, TRAINER_VERSION = "trainer.kubeflow.org", "v1alpha1"
 KWOK_FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"

@@ -9,7 +9,15 @@ admin client certificate, streams responses (watches, logs) through, and can:
 - ``reset(n, match, after_forward)``: drop the client connection of the next n matching requests, before
   forwarding (request never reached the server) or after the server answered (the answer is lost);
 - ``latency``: seconds added before forwarding every request;
-- ``cut_streams()``: drop every open streaming response (watches) mid-stream.
+- ``cut_streams()``: drop every open streaming response (watches) mid-stream;
+- ``reroute(match, path)``: forward matching requests to another path (e.g. a resource of an API group that
+  does not exist: the server's own 404 of a resource type);
+- ``unauthenticate(match)``: forward matching requests without the client certificate and with a bearer
+  token the server does not know (the server's own 401);
+- ``inject(lines, match)``: write lines (``ERROR`` events, malformed JSON) at the start of a matching
+  forwarded watch, then close it or go on forwarding.
+
+Clients' own ``Authorization`` headers are not forwarded: the proxy authenticates with its certificate.
 
 Counts every request by (method, kind) so tests can assert e.g. exactly one POST reached the server.
 """
@@ -27,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
+from forward_proxy import LoopThread  # tests/e2e/forward_proxy.py, loaded by this folder's conftest
 
 Match = Callable[[str, str], bool]  # (method, path_qs) -> bool
 
@@ -37,15 +46,22 @@ def any_request(_m: str, _p: str) -> bool:
 
 @dataclass
 class _Rule:
-    remaining: int
+    remaining: int | None  # None: every matching request
     match: Match
-    kind: str  # "fail" | "reset-before" | "reset-after"
+    kind: str  # "fail" | "reset-before" | "reset-after" | "reroute" | "unauthenticate" | "inject"
     status: int = 429
     retry_after: float | None = None
+    body: str | None = None
+    path: Callable[[str], str] | None = None
+    lines: list[bytes] = field(default_factory=list)
+    then: str = (
+        "close"  # inject: "close" the watch after the lines, or "stream" the server's events after them
+    )
+    fired: int = 0
 
 
 @dataclass
-class FaultProxy:
+class FaultProxy(LoopThread):
     upstream: str
     ca: Path
     cert: Path
@@ -58,15 +74,32 @@ class FaultProxy:
     port: int = 0
 
     # --- control (any thread) ------------------------------------------------------------------
-    def fail(
-        self, n: int, status: int = 429, retry_after: float | None = 1.0, match: Match = any_request
-    ) -> None:
+    def _add(self, rule: _Rule) -> _Rule:
         with self._lock:
-            self.rules.append(_Rule(n, match, "fail", status, retry_after))
+            self.rules.append(rule)
+        return rule
 
-    def reset(self, n: int, match: Match = any_request, after_forward: bool = False) -> None:
-        with self._lock:
-            self.rules.append(_Rule(n, match, "reset-after" if after_forward else "reset-before"))
+    def fail(
+        self,
+        n: int | None,
+        status: int = 429,
+        retry_after: float | None = 1.0,
+        match: Match = any_request,
+        body: str | None = None,
+    ) -> _Rule:
+        return self._add(_Rule(n, match, "fail", status, retry_after, body))
+
+    def reset(self, n: int, match: Match = any_request, after_forward: bool = False) -> _Rule:
+        return self._add(_Rule(n, match, "reset-after" if after_forward else "reset-before"))
+
+    def reroute(self, path: Callable[[str], str], match: Match, n: int | None = None) -> _Rule:
+        return self._add(_Rule(n, match, "reroute", path=path))
+
+    def unauthenticate(self, match: Match = any_request, n: int | None = None) -> _Rule:
+        return self._add(_Rule(n, match, "unauthenticate"))
+
+    def inject(self, lines: list[bytes], match: Match, n: int | None = 1, then: str = "close") -> _Rule:
+        return self._add(_Rule(n, match, "inject", lines=list(lines), then=then))
 
     def cut_streams(self) -> int:
         cut = list(self._streams)
@@ -99,27 +132,19 @@ class FaultProxy:
     def start(self) -> FaultProxy:
         self._lock = threading.Lock()
         self._streams: set[Any] = set()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="faultproxy", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(30):
-            raise RuntimeError("fault proxy did not start")
+        self._start_loop("faultproxy")
         return self
 
-    def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
-
-    def _run(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._loop.run_until_complete(self._serve())
-
     async def _serve(self) -> None:
-        self._stop = asyncio.Event()
         ctx = ssl.create_default_context(cafile=str(self.ca))
         ctx.load_cert_chain(str(self.cert), str(self.key))
         self._session = ClientSession(
             connector=TCPConnector(ssl=ctx, limit=200), timeout=ClientTimeout(total=None, sock_connect=10)
+        )
+        anonymous = ssl.create_default_context(cafile=str(self.ca))  # no client certificate
+        self._anonymous = ClientSession(
+            connector=TCPConnector(ssl=anonymous, limit=50),
+            timeout=ClientTimeout(total=None, sock_connect=10),
         )
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
@@ -132,12 +157,15 @@ class FaultProxy:
         await self._stop.wait()
         await runner.cleanup()
         await self._session.close()
+        await self._anonymous.close()
 
     def _take(self, method: str, path: str) -> _Rule | None:
         with self._lock:
             for rule in self.rules:
-                if rule.remaining > 0 and rule.match(method, path):
-                    rule.remaining -= 1
+                if (rule.remaining is None or rule.remaining > 0) and rule.match(method, path):
+                    if rule.remaining is not None:
+                        rule.remaining -= 1
+                    rule.fired += 1
                     return rule
         return None
 
@@ -163,7 +191,7 @@ class FaultProxy:
             headers = {"Content-Type": "application/json"}
             if rule.retry_after is not None:
                 headers["Retry-After"] = str(int(rule.retry_after))
-            body = (
+            body = rule.body or (
                 '{"kind":"Status","apiVersion":"v1","status":"Failure","message":"injected by faultproxy",'
                 f'"reason":"TooManyRequests","code":{rule.status}}}'
             )
@@ -175,10 +203,16 @@ class FaultProxy:
         if self.latency:
             await asyncio.sleep(self.latency)
         body = await request.read()
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
-        async with self._session.request(
-            method, self.upstream + path, data=body or None, headers=headers
-        ) as up:
+        dropped = ("host", "content-length", "authorization")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in dropped}
+        session = self._session
+        if rule is not None and rule.kind == "reroute" and rule.path is not None:
+            self.injected[f"reroute {kind}"] += 1
+            path = rule.path(path)
+        if rule is not None and rule.kind == "unauthenticate":
+            self.injected[f"401 {kind}"] += 1
+            session, headers["Authorization"] = self._anonymous, "Bearer not-a-token-the-server-knows"
+        async with session.request(method, self.upstream + path, data=body or None, headers=headers) as up:
             if rule is not None and rule.kind == "reset-after":
                 await up.read()
                 self.injected[f"reset-after {kind}"] += 1
@@ -189,6 +223,13 @@ class FaultProxy:
                 if k.lower() not in ("content-length", "transfer-encoding", "content-encoding", "connection"):
                     resp.headers[k] = v
             await resp.prepare(request)
+            if rule is not None and rule.kind == "inject" and up.status == 200:
+                self.injected[f"inject {kind}"] += 1
+                for line in rule.lines:
+                    await resp.write(line)
+                if rule.then == "close":
+                    await resp.write_eof()
+                    return resp
             transport = request.transport
             self._streams.add(transport)
             try:

@@ -52,7 +52,7 @@ BAD_ARGS = {
     "num_nodes=0": "num_nodes: '0' is not a whole number of 1 or more",
     "command='python train.py'": "command: is a string, not a list",
     "env=['A=1']": "env: is a list, not a mapping",
-    "proc_per_node='many'": "proc_per_node: 'many' is not 1 or more, nor 'auto'",
+    "proc_per_node='many'": "proc_per_node: 'many' is not a whole number of 1 or more, nor 'auto'",
     "function='train'": "function: 'train' is not 'module:function'",
     "request={'num_node': 2}": "request.num_node: is not a TrainJob request field",
 }

@@ -99,7 +99,7 @@ class Waiters:
             tasks = [asyncio.create_task(one(r)) for r in self.refs]
             await asyncio.sleep(1)
             await asyncio.gather(*tasks)
-            self.async_stats = registry().stats((self.backend.cluster.server, self.refs[0].namespace))
+            self.async_stats = registry().stats(self.backend.watch_key(self.refs[0].namespace))
 
         self.threads.append(threading.Thread(target=lambda: asyncio.run(async_all()), daemon=True))
         for t in self.threads:

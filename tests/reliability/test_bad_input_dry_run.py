@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from trainflow.core import InvalidRequest, TrainJobRequest, build_trainjob, parse_request
-from trainflow.core.kube import retry
+from trainflow.core.kube import calls, retry
 from trainflow.core.runtimes import RESERVED_ENV
 from trainflow.core.torchtune import IMMUTABLE_CONFIGS
 
@@ -410,7 +410,7 @@ def test_generated_requests_agree_with_the_servers_dry_run(kube_backend, namespa
     def dry_run(manifest: dict[str, Any]) -> str | None:
         for attempt in range(1, 6):
             try:
-                backend.api.create_trainjob(namespace, manifest, dry_run=True)
+                backend.api.run(calls.create_trainjob(namespace, manifest, dry_run=True))
                 return None
             except Exception as exc:
                 if retry.is_retryable(exc) and attempt < 5:

@@ -46,7 +46,7 @@ def key_jobs(backend, run_id: str) -> list:
     ("phase", "run_after", "seconds"),
     [
         ("before_create", "2026-03-01T01:00:00", 3),
-        ("after_create", "2026-03-01T02:00:00", 45),
+        ("after_create", "2026-03-01T02:00:00", 90),  # outlives a rerun slow to start under load
         ("waiting", "2026-03-01T03:00:00", 45),
     ],
 )

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from trainflow.airflow.operators import airflow_labels, idempotency_key
 from trainflow.core import InvalidRequest, build_trainjob, get_backend, local_catalog
+from trainflow.core.kube import calls
 from trainflow.core.naming import LABEL_VALUE_PATTERN, NAME_PATTERN
 from trainflow.core.runtimes import find_runtime
 
@@ -143,7 +144,7 @@ def test_airflow_identities_pass_the_servers_dry_run(kube_backend, namespace) ->
         manifest = _manifest(f"dag:{i}+x", "train/task", run_id, i - 1, namespace)
         _assert_valid_identity(manifest)
         try:
-            kube_backend.api.create_trainjob(namespace, manifest, dry_run=True)
+            kube_backend.api.run(calls.create_trainjob(namespace, manifest, dry_run=True))
         except Exception as exc:
             refused.append((run_id, getattr(exc, "body", exc)))
     assert refused == []

@@ -51,14 +51,14 @@ def test_trainflow_refuses_naming_the_field(extra: dict[str, Any], field: str, _
 @pytest.mark.e2e
 @pytest.mark.parametrize(("extra", "field", "status"), CASES, ids=IDS)
 def test_the_server_refuses_it_too(
-    kube_backend, namespace, extra: dict[str, Any], field: str, status: int
+    kube_backend, k8s, namespace, extra: dict[str, Any], field: str, status: int
 ) -> None:
     req = {**BASE, **extra}
     runtime = kube_backend.get_runtime(req["runtime"])
     with mock.patch("trainflow.core.manifest.validate_request"):
         manifest = build_trainjob(req, runtime, namespace=namespace)
-    with pytest.raises(Exception) as info:  # the server itself, through the raw client: the oracle
-        kube_backend.api.custom.create_namespaced_custom_object(
+    with pytest.raises(Exception) as info:  # the server itself, through the kubernetes client: the oracle
+        k8s.custom.create_namespaced_custom_object(
             "trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", manifest, dry_run="All"
         )
     assert getattr(info.value, "status", None) == status, info.value

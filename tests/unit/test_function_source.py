@@ -146,6 +146,25 @@ def test_packages_install_before_the_launcher_and_inside_mpirun() -> None:
     assert json.loads(mpi[6]) == {"packages": ["datasets"], "index_urls": []}
 
 
+def test_mpirun_forwards_the_env_trainflow_sets_to_every_rank() -> None:
+    """Ranks on other nodes start over SSH without the pod's env: the request's env, secret_env names and
+    the output URI reach them through mpirun's -x (values stay in the pod spec, never in argv)."""
+    request = {
+        "runtime": "deepspeed-distributed",
+        "function": "pkg.mod:train",
+        "env": {"LR": "0.1"},
+        "secret_env": {"HF_TOKEN": "hf/token"},
+        "output_uri": "file:///out",
+    }
+    runtime = find_runtime(local_catalog(), "deepspeed-distributed")
+    command = build_trainjob(request, runtime)["spec"]["trainer"]["command"]
+    exports = command[3 : command.index("python3")]
+    assert exports == ["-x", "HF_TOKEN", "-x", "LR", "-x", "TRAINFLOW_OUTPUT_URI"]
+    assert "0.1" not in command[:-1] and "file:///out" not in command
+    torch = function_command("pkg.mod:train", {}, "torch", forward_env=["LR"])
+    assert "-x" not in torch  # torchrun's workers inherit the pod's env
+
+
 @pytest.mark.parametrize(
     ("extra", "field"),
     [

@@ -29,90 +29,6 @@ def task_config(**kw: object) -> SimpleNamespace:
     return SimpleNamespace(**base)
 
 
-def test_identity_key_is_stable_and_separates_arguments() -> None:
-    params = {"function": "m:f", "function_kwargs": {"epochs": 1}}
-    a = kparams.identity_key(idempotency_key=None, run_id="run-1", task_name="train-job", params=params)
-    b = kparams.identity_key(idempotency_key=None, run_id="run-1", task_name="train-job", params=dict(params))
-    other = kparams.identity_key(
-        idempotency_key=None,
-        run_id="run-1",
-        task_name="train-job",
-        params={**params, "function_kwargs": {"epochs": 2}},
-    )
-    assert a == b and a is not None and a.startswith("train-job/run-1/")
-    assert other != a  # ParallelFor iterations with different arguments get different jobs
-    assert kparams.identity_key(idempotency_key="mine", run_id="r", task_name="t", params=params) == "mine"
-
-
-def test_identity_key_ignores_unresolved_placeholders(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("KFP_RUN_ID", raising=False)
-    assert (
-        kparams.identity_key(
-            idempotency_key=None,
-            run_id="{{$.pipeline_job_uuid}}",
-            task_name="{{$.pipeline_task_name}}",
-            params={},
-        )
-        is None
-    )
-    monkeypatch.setenv("KFP_RUN_ID", "from-env")
-    key = kparams.identity_key(
-        idempotency_key=None, run_id="{{$.pipeline_job_uuid}}", task_name="t", params={}
-    )
-    assert key is not None and key.startswith("t/from-env/")
-
-
-# Output artifact URIs as the KFP backend's driver provisions them (2.4+: a uuid per task execution, shared by
-# every retry of the step's pod), as it did before 2.4, and as kfp.local lays them out.
-BACKEND = "minio://mlpipeline/v2/artifacts/train-pipeline/6f1c2a0e-0b7d-4f0e-9d55-0d6c3f7c2b11/train-job/{salt}/model"
-SALT_1 = "0a1b2c3d-1111-4222-8333-944455556666"
-SALT_2 = "7e8f9a0b-aaaa-4bbb-8ccc-dddddddddddd"
-OLD_BACKEND = "minio://mlpipeline/v2/artifacts/train-pipeline/run-7/train-job/model"
-KFP_LOCAL = "/tmp/root/train-pipeline-2026-12-01-13-25-56-013443/for-loop-2-iteration-{i}/train-job/model"
-
-
-def derived(uri: str, params: dict[str, object] | None = None) -> str | None:
-    return kparams.identity_key(
-        idempotency_key=None, run_id=None, task_name=None, params=params or {}, artifact_uri=uri
-    )
-
-
-def test_identity_from_output_artifact_folder(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("KFP_RUN_ID", raising=False)
-    monkeypatch.delenv("KFP_TASK_NAME", raising=False)
-    params = {"function": "m:f"}
-    first = derived(BACKEND.format(salt=SALT_1), params)
-    # a retried pod gets the same executor input; the metrics artifact sits in the same folder
-    assert first == derived(BACKEND.format(salt=SALT_1).replace("/model", "/metrics"), params)
-    assert first is not None and first.startswith("train-job/")  # the task's folder, not the uuid
-    # another execution of the task (a ParallelFor iteration, even with identical arguments) is another job
-    assert derived(BACKEND.format(salt=SALT_2), params) != first
-    # before KFP 2.4 iterations shared one folder: the arguments still tell them apart
-    assert derived(OLD_BACKEND, {"x": 1}) != derived(OLD_BACKEND, {"x": 2})
-    assert derived(OLD_BACKEND, {"x": 1}) == derived(OLD_BACKEND, {"x": 1})
-    assert derived(KFP_LOCAL.format(i=0)) != derived(KFP_LOCAL.format(i=1))
-    for no_folder in (None, "", "model", "/model", "s3://model", "{{$.outputs.artifacts['model'].uri}}"):
-        assert derived(no_folder) is None, no_folder  # type: ignore[arg-type]
-
-
-def test_explicit_identity_wins_over_the_artifact_folder(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("KFP_RUN_ID", raising=False)
-    uri = BACKEND.format(salt=SALT_1)
-    assert kparams.identity_key(
-        idempotency_key="mine", run_id="r", task_name="t", params={}, artifact_uri=uri
-    ) == ("mine")
-    by_run = kparams.identity_key(
-        idempotency_key=None, run_id="r", task_name="t", params={}, artifact_uri=uri
-    )
-    assert by_run is not None and by_run.startswith("t/r/")
-    monkeypatch.setenv("KFP_RUN_ID", "from-env")
-    monkeypatch.setenv("KFP_TASK_NAME", "task-env")
-    by_env = kparams.identity_key(
-        idempotency_key=None, run_id=None, task_name=None, params={}, artifact_uri=uri
-    )
-    assert by_env is not None and by_env.startswith("task-env/from-env/")
-
-
 def test_build_request_fields_drops_unset_and_rejects_duplicates_in_extra() -> None:
     fields = kparams.build_request_fields(
         {
@@ -218,13 +134,11 @@ def test_numeric_metrics_skip_text_and_bools() -> None:
     assert artifacts.numeric_metrics({"loss": 0.5, "n": 2, "tag": "x", "ok": True}) == {"loss": 0.5, "n": 2.0}
 
 
-def test_step_without_any_identity_is_refused_before_submitting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainflow.kfp.runner import request_fields
+def test_log_steps_take_nodes_and_initializers_and_refuse_the_rest() -> None:
+    from trainflow.kfp.runner import step_log_sink
 
-    monkeypatch.delenv("KFP_RUN_ID", raising=False)
-    monkeypatch.delenv("KFP_TASK_NAME", raising=False)
-    with pytest.raises(InvalidRequest) as err:
-        request_fields({"function": "m:f"}, None, None, artifact_uri=None)
-    assert err.value.fields == ["run_id"] and "idempotency_key" in str(err.value)
-    fields = request_fields({"function": "m:f"}, None, None, artifact_uri=BACKEND.format(salt=SALT_1))
-    assert fields["idempotency_key"] == derived(BACKEND.format(salt=SALT_1), {"function": "m:f"})
+    assert list(step_log_sink(None).steps) == ["node-0"]
+    assert list(step_log_sink(["dataset-initializer", "node-1"]).steps) == ["dataset-initializer", "node-1"]
+    for bad in (["rank0"], ["node-"], [3]):
+        with pytest.raises(InvalidRequest, match="log_steps"):
+            step_log_sink(bad)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from kubernetes.client import ApiException
 
 from trainflow.core.errors import BackendError, InvalidRequest, TrainJobNotFound
-from trainflow.core.kube.apierrors import request_field, translate
+from trainflow.core.kube.apierrors import translate
 
 
 def status_error(
@@ -20,28 +19,6 @@ def status_error(
         body["details"] = {"name": "j", "group": "trainer.kubeflow.org", "kind": "TrainJob", "causes": causes}
     exc.body = json.dumps(body)
     return exc
-
-
-@pytest.mark.parametrize(
-    "path,field",
-    [
-        ("metadata.name", "name"),
-        ("spec.trainer.numNodes", "num_nodes"),
-        ("spec.trainer.env[0].name", "env"),
-        ("spec.trainer.resourcesPerNode.limits[cpu]", "resources"),
-        ("spec.initializer.dataset.storageUri", "dataset_uri"),
-        ("spec.initializer.model.secretRef.name", "model_secret"),
-        ("spec.activeDeadlineSeconds", "deadline_seconds"),
-        ("spec.runtimeRef", "runtime"),
-        (
-            "spec.runtimePatches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0].template.spec.template.spec.nodeSelector",
-            "node_selector",
-        ),
-        ("spec.runtimePatches[0].manager", "runtime_patches"),
-    ],
-)
-def test_request_field_mapping(path, field):
-    assert request_field(path) == field
 
 
 def test_422_causes_name_the_request_fields():

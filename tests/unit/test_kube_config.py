@@ -6,7 +6,6 @@ import json
 
 import pytest
 import yaml
-from kubernetes import client as k8s_client
 
 from trainflow.core.errors import BackendError
 from trainflow.core.kube.config import context_namespace, discover_namespace, load_cluster_config
@@ -46,17 +45,13 @@ def test_context_namespace_current_and_named():
 
 def test_kubeconfig_file_context_namespace_and_private_config(tmp_path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    before = k8s_client.Configuration.get_default_copy().host
     path = tmp_path / "config"
     path.write_text(yaml.safe_dump(kubeconfig("https://127.0.0.1:6443", {"a": "team-a", "b": "team-b"}, "a")))
     cc = load_cluster_config(kubeconfig=str(path))
     assert (cc.server, cc.namespace, cc.context) == ("https://127.0.0.1:6443", "team-a", "a")
-    assert "Bearer t0ken" in cc.sync_configuration().api_key.values()
-    assert cc.sync_configuration().retries is False  # tenacity is the only retry layer
+    assert cc.token == "t0ken" and "t0ken" not in repr(cc)
     assert load_cluster_config(kubeconfig=str(path), context="b").namespace == "team-b"
     assert load_cluster_config(kubeconfig=str(path), context="b", namespace="x").namespace == "x"
-    # the process-wide default configuration is untouched
-    assert k8s_client.Configuration.get_default_copy().host == before
 
 
 def test_kubeconfig_env_with_several_files(tmp_path, monkeypatch):
@@ -72,7 +67,7 @@ def test_kubeconfig_env_with_several_files(tmp_path, monkeypatch):
     # two; its cluster name is taken by file one, and as with kubectl the first file to define a name wins
     explicit = load_cluster_config(kubeconfig=f"{first}:{second}", context="two")
     assert (explicit.server, explicit.namespace) == ("https://127.0.0.1:7001", "ns-two")
-    assert "Bearer t0ken" in explicit.sync_configuration().api_key.values()
+    assert explicit.token == "t0ken"
 
 
 def test_unknown_context_names_the_choices(tmp_path, monkeypatch):
@@ -116,12 +111,15 @@ VERSION_FIELDS = (
 
 
 def test_token_reaches_the_server_from_sync_and_async_clients(tmp_path, monkeypatch):
-    """kubernetes 30 stores the token as 'authorization', kubernetes_asyncio reads 'BearerToken': both must send it."""
+    """One loader and one credential provider: the sync and the async transport send the same header."""
     import asyncio
     import http.server
     import threading
 
-    from kubernetes_asyncio import client as async_client
+    from trainflow.core.kube import calls
+    from trainflow.core.kube.aio import AsyncKubeApi
+    from trainflow.core.kube.client import KubeApi
+    from trainflow.core.kube.http import open_transport
 
     seen: list[str | None] = []
 
@@ -146,13 +144,94 @@ def test_token_reaches_the_server_from_sync_and_async_clients(tmp_path, monkeypa
         url = f"http://127.0.0.1:{server.server_address[1]}"
         path.write_text(yaml.safe_dump(kubeconfig(url, {"a": "ns"}, "a")))
         cc = load_cluster_config(kubeconfig=str(path))
-        k8s_client.VersionApi(k8s_client.ApiClient(cc.sync_configuration())).get_code()
+        assert KubeApi(cc).run(calls.version())["major"] == "x"
 
         async def async_get():
-            async with async_client.ApiClient(await cc.async_configuration()) as api:
-                await async_client.VersionApi(api).get_code()
+            async with open_transport(cc) as transport:
+                return await AsyncKubeApi(transport).run(calls.version())
 
-        asyncio.run(async_get())
+        assert asyncio.run(async_get())["gitVersion"] == "x"
     finally:
         server.shutdown()
     assert seen == ["Bearer t0ken", "Bearer t0ken"]
+
+
+def test_relative_paths_resolve_against_the_path_as_given_not_a_symlink_target(tmp_path, monkeypatch):
+    """kubectl (clientcmd.ResolveLocalPaths): filepath.Abs of the file's directory, no symlink evaluation."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    real, link_dir = tmp_path / "real", tmp_path / "links"
+    real.mkdir()
+    link_dir.mkdir()
+    doc = kubeconfig("https://127.0.0.1:6443", {"a": None}, "a")
+    doc["clusters"][0]["cluster"]["certificate-authority"] = "ca.crt"
+    doc["users"][0]["user"] = {
+        "client-certificate": "sub/c.crt",
+        "client-key": "sub/c.key",
+        "tokenFile": "tok",
+    }
+    (real / "config").write_text(yaml.safe_dump(doc))
+    (link_dir / "config").symlink_to(real / "config")
+    cc = load_cluster_config(kubeconfig=str(link_dir / "config"))
+    assert cc.ca_file == str(link_dir / "ca.crt")
+    assert (cc.cert_file, cc.key_file) == (str(link_dir / "sub/c.crt"), str(link_dir / "sub/c.key"))
+    assert cc.token_file == str(link_dir / "tok")
+
+
+def test_insecure_with_a_ca_is_refused_as_kubectl_refuses_it(tmp_path):
+    doc = kubeconfig("https://127.0.0.1:6443", {"a": None}, "a")
+    doc["clusters"][0]["cluster"].update(
+        {"insecure-skip-tls-verify": True, "certificate-authority-data": "Zm9v"}
+    )
+    with pytest.raises(BackendError, match="root certificates file with the insecure flag is not allowed"):
+        load_cluster_config(config_dict=doc)
+    # the adapters' own switch (cncf's disable_verify_ssl) clears the CA, as kubectl's flag does
+    cc = load_cluster_config(
+        config_dict=doc
+        | {
+            "clusters": [
+                {"name": "c", "cluster": {"server": "https://h", "certificate-authority-data": "Zm9v"}}
+            ]
+        },
+        verify_ssl=False,
+    )
+    assert cc.insecure and cc.ca_data is None
+
+
+def test_auth_provider_and_two_methods_are_clear_errors():
+    doc = kubeconfig("https://127.0.0.1:6443", {"a": None}, "a")
+    doc["users"][0]["user"] = {"auth-provider": {"name": "oidc", "config": {"id-token": "secret-id-token"}}}
+    with pytest.raises(BackendError, match=r"user 'u' .*auth-provider 'oidc'.*exec credential plugin") as err:
+        load_cluster_config(config_dict=doc)
+    assert "secret-id-token" not in str(err.value)
+    doc["users"][0]["user"] = {"token": "t", "username": "me", "password": "pw"}
+    with pytest.raises(BackendError, match="more than one authentication method"):
+        load_cluster_config(config_dict=doc)
+
+
+def test_no_secret_in_any_repr():
+    doc = kubeconfig("https://127.0.0.1:6443", {"a": None}, "a")
+    doc["users"][0]["user"] = {
+        "token": "canary-token-123",
+        "client-certificate-data": "Y2FuYXJ5LWNlcnQ=",
+        "client-key-data": "Y2FuYXJ5LWtleS1ieXRlcw==",
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": "x",
+            "env": [{"name": "P", "value": "canary-env"}],
+        },
+    }
+    from trainflow.core.kube.auth import Credentials
+    from trainflow.core.kube.backend import KubernetesBackend
+
+    cc = load_cluster_config(config_dict=doc)
+    backend = KubernetesBackend(config_dict=doc)
+    for text in (
+        repr(cc),
+        str(cc),
+        repr(Credentials(cc)),
+        repr(backend),
+        repr(backend.api),
+        repr(backend.cluster.exec),
+    ):
+        for canary in ("canary-token-123", "canary-cert", "canary-key", "Y2FuYXJ5", "canary-env"):
+            assert canary not in text, text

@@ -138,7 +138,31 @@ def test_event_lines_warning_only_dedup_sorted_and_bounded():
     assert len(event_lines(many)) == 20
 
 
-class FakeApi:
+class CallApi:
+    """Answers kube/calls.py calls by resource: ``list_pods``, ``list_events``, ``log_text`` of a subclass."""
+
+    def run(self, call):
+        query = dict(call.query)
+        if call.resource == "pods":
+            return {
+                "items": self.list_pods(
+                    call.namespace, query.get("labelSelector"), int(query.get("limit", 100))
+                )
+            }
+        if call.resource == "events":
+            return {"items": self.list_events(call.namespace, query.get("fieldSelector"))}
+        if call.resource == "pods/log":
+            return self.log_text(
+                call.namespace,
+                call.name,
+                query["container"],
+                tail_lines=int(query["tailLines"]),
+                previous=query.get("previous") == "true",
+            )
+        raise AssertionError(call)
+
+
+class FakeApi(CallApi):
     def __init__(self) -> None:
         self.calls: list[str] = []
 
@@ -175,13 +199,79 @@ def test_collect_is_bounded_and_complete():
     assert len(api.calls) == 4  # pods, TrainJob events, pod events, one log tail
 
 
+TORCHRUN_LOG = (
+    """step 1
+Traceback (most recent call last):
+  File "/tmp/trainer.py", line 12, in <module>
+    import accelerate
+ModuleNotFoundError: No module named 'accelerate'
+F1202 21:49:29.001000 10 coordination_service_agent.cc:332] DEADLINE_EXCEEDED: a rank's own glog line
+E1202 21:49:30.123000 10 torch/distributed/elastic/multiprocessing/api.py:900] failed (exitcode: 1)
+Traceback (most recent call last):
+  File "/opt/venv/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 936, in main
+    run(args)
+"""
+    + "\n".join(f"    frame {i}" for i in range(30))
+    + """
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+python3 FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 10)
+============================================================
+"""
+)
+
+
+def test_a_ranks_traceback_survives_torchruns_report_below_it():
+    """torchrun prints its own traceback and report after a rank's: the tail keeps the rank's error and the
+    report, drops torchrun's frames, and the log is read far enough back to find it (the same rule as locally)."""
+
+    class Torchrun(FakeApi):
+        def log_text(self, namespace, pod, container, **kw):
+            self.calls.append(f"log tail={kw.get('tail_lines')}")
+            return TORCHRUN_LOG
+
+    api = Torchrun()
+    diag = run(collect("ns", "job", tail_lines=20), api)
+    tail = diag.log_tail.splitlines()
+    assert "ModuleNotFoundError: No module named 'accelerate'" in tail, diag.log_tail
+    assert "  exitcode  : 1 (pid: 10)" in tail and len(tail) <= 20
+    assert any("DEADLINE_EXCEEDED: a rank's own glog line" in line for line in tail), diag.log_tail
+    assert not any("multiprocessing/api.py" in line for line in tail), diag.log_tail  # torchrun's agent line
+    assert not any("frame" in line or "torch/distributed/run.py" in line for line in tail), diag.log_tail
+    assert "log tail=400" in api.calls
+
+
+def test_a_container_restarted_in_place_gives_the_crashed_instances_log():
+    """restartPolicy OnFailure: the kubelet restarts the crashed container at once; the crash is lastState and
+    its log is the previous instance's (the current one has only just started)."""
+
+    class Restarted(FakeApi):
+        def list_pods(self, namespace, selector, limit=100):
+            crashed = {"name": "node", "state": {"running": {}}, "lastState": terminated("node", 1)["state"]}
+            return [pod("job-launcher-0-0", phase="Running", containers=[crashed])]
+
+        def log_text(self, namespace, pod, container, **kw):
+            self.calls.append(f"log previous={kw.get('previous')}")
+            return "Traceback: crashed instance" if kw.get("previous") else "starting again"
+
+    api = Restarted()
+    diag = run(collect("ns", "job"), api)
+    assert diag.failed_ranks[0]["exit_code"] == 1 and diag.failed_ranks[0]["restarted"] is True
+    assert diag.log_tail == "Traceback: crashed instance"
+    assert "log previous=True" in api.calls
+
+
 def test_collect_never_raises():
     class Broken:
-        def __getattr__(self, name):
-            def fail(*a, **k):
-                raise ConnectionResetError("down")
-
-            return fail
+        def run(self, call):
+            raise ConnectionResetError("down")
 
     assert run(collect("ns", "job"), Broken()).lines() == []
 
@@ -227,10 +317,11 @@ def test_stuck_reason_waits_for_young_pods_and_ignores_recoverable_states() -> N
 def test_finish_reads_metrics_and_a_function_trainers_return_value_in_one_log_read() -> None:
     """A Complete function-trainer job: rank 0's log tail gives the return value (and the metrics when
     trainerStatus has none), with one pod list and one log read; other jobs with metrics read nothing."""
-    from trainflow.core.kube.backend import finish
+    from trainflow.core.kube.wait import finish
+    from trainflow.core.observe import Waiter, observe
     from trainflow.core.result import RETURNS_ANNOTATION
 
-    class LogApi:
+    class LogApi(CallApi):
         def __init__(self) -> None:
             self.calls: list[str] = []
 
@@ -242,13 +333,16 @@ def test_finish_reads_metrics_and_a_function_trainers_return_value_in_one_log_re
             self.calls.append(f"log {pod_name}")
             return 'step 1\nTRAINFLOW_REPORT {"metrics": {"loss": 0.5}}\nTRAINFLOW_RETURN {"acc": 0.93}\n'
 
-    def job(annotations: dict, metrics: list) -> dict:
+    def job(annotations: dict, metrics: list) -> Waiter:
+        """A waiter that has seen the TrainJob end (what ``finish`` starts from)."""
         status = {
             "conditions": [{"type": "Complete", "status": "True"}],
             "trainerStatus": {"metrics": metrics},
         }
         meta = {"name": "job", "namespace": "ns", "annotations": annotations}
-        return {"metadata": meta, "spec": {}, "status": status}
+        waiter = Waiter()
+        assert observe(waiter, {"metadata": meta, "spec": {}, "status": status}, 0.0).done
+        return waiter
 
     api = LogApi()
     result = run(finish(job({RETURNS_ANNOTATION: "json"}, []), True, 200), api)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import http.client
 import json
 
+import httpx
 import pytest
-import urllib3
 from kubernetes.client import ApiException
 
 from trainflow.core.errors import AlreadyExists, BackendError, OutcomeUnknown
-from trainflow.core.kube import retry
+from trainflow.core.kube import calls, retry
 from trainflow.core.kube.client import KubeApi
 from trainflow.core.kube.config import ClusterConfig
 
@@ -37,15 +37,35 @@ def test_other_client_errors_are_not_retryable(status):
     [
         ConnectionResetError(104, "reset"),
         ConnectionRefusedError(111, "refused"),
-        urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError()),
-        urllib3.exceptions.ReadTimeoutError(None, "/", "read timed out"),
-        urllib3.exceptions.NewConnectionError(None, "failed"),
+        httpx.RemoteProtocolError("Server disconnected without sending a response."),
+        httpx.ReadTimeout("read timed out"),
+        httpx.ConnectError("All connection attempts failed"),
         http.client.RemoteDisconnected("gone"),
         TimeoutError(),
     ],
 )
 def test_connection_errors_are_retryable(exc):
     assert retry.is_retryable(exc)
+
+
+def test_a_certificate_that_does_not_verify_is_not_retried_and_says_so():
+    import ssl
+
+    from trainflow.core.kube.apierrors import translate
+
+    cause = ssl.SSLCertVerificationError(
+        1, "certificate verify failed: unable to get local issuer certificate"
+    )
+    try:
+        try:
+            raise cause
+        except ssl.SSLError as exc:
+            raise httpx.ConnectError("[SSL: CERTIFICATE_VERIFY_FAILED]") from exc
+    except httpx.ConnectError as exc:
+        assert not retry.is_retryable(exc)
+        mapped = translate(exc, "list", "trainjobs", "ns")
+    assert isinstance(mapped, BackendError)
+    assert "certificate does not verify" in str(mapped) and "certificate-authority" in str(mapped)
 
 
 def test_programming_errors_are_not_retryable():
@@ -134,25 +154,42 @@ async def test_acall_retries_coroutines(monkeypatch):
 # --- create is never retried blindly (KubeApi, the API boundary) -----------------------------------
 
 
-class FakeCustom:
-    """CustomObjectsApi stand-in for KubeApi.create_trainjob: raises the queued errors, then answers."""
+class FakeResponse:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def read(self) -> bytes:
+        return self.data
+
+    def close(self) -> None:
+        pass
+
+
+class FakeHttp:
+    """The sync transport's stand-in for KubeApi: raises the queued errors, then answers the POST."""
 
     def __init__(self, errors):
         self.errors = list(errors)
         self.posts = 0
 
-    def create_namespaced_custom_object(self, group, version, namespace, plural, body, **kwargs):
+    def send(self, call):
+        assert call.method == "POST"
         self.posts += 1
         if self.errors:
             raise self.errors.pop(0)
-        return {**body, "metadata": {**body["metadata"], "uid": "u-1"}}
+        body = json.loads(call.body)
+        return FakeResponse(json.dumps({**body, "metadata": {**body["metadata"], "uid": "u-1"}}).encode())
 
 
-def kube_api(errors) -> tuple[KubeApi, FakeCustom]:
+def kube_api(errors) -> tuple[KubeApi, FakeHttp]:
     api = KubeApi(ClusterConfig(namespace="ns", server="https://127.0.0.1:1"))
-    custom = FakeCustom(errors)
-    api._client, api._custom = object(), custom
-    return api, custom
+    http = FakeHttp(errors)
+    api._http = http
+    return api, http
+
+
+def create(api: KubeApi, body: dict) -> dict:
+    return api.run(calls.create_trainjob("ns", body))
 
 
 BODY = {"metadata": {"name": "job-a", "namespace": "ns"}, "spec": {}}
@@ -162,7 +199,7 @@ def test_create_server_error_is_not_retried(monkeypatch):
     monkeypatch.setattr("time.sleep", lambda s: None)
     api, custom = kube_api([api_error(503)])
     with pytest.raises(BackendError, match="503"):
-        api.create_trainjob("ns", BODY)
+        create(api, BODY)
     assert custom.posts == 1
 
 
@@ -170,22 +207,22 @@ def test_create_throttled_is_posted_again_after_retry_after(monkeypatch):
     slept: list[float] = []
     monkeypatch.setattr("time.sleep", slept.append)
     api, custom = kube_api([api_error(429, {"Retry-After": "2"})])
-    assert api.create_trainjob("ns", BODY)["metadata"]["uid"] == "u-1"
+    assert create(api, BODY)["metadata"]["uid"] == "u-1"
     assert (custom.posts, slept) == (2, [2.0])
 
 
 @pytest.mark.parametrize(
     "error",
-    [urllib3.exceptions.ProtocolError("aborted", ConnectionResetError()), ConnectionRefusedError(111, "x")],
+    [httpx.RemoteProtocolError("aborted"), ConnectionRefusedError(111, "x")],
 )
 def test_create_lost_answer_is_outcome_unknown_not_a_second_post(error):
     api, custom = kube_api([error])
     with pytest.raises(OutcomeUnknown):
-        api.create_trainjob("ns", BODY)
+        create(api, BODY)
     assert custom.posts == 1
 
 
 def test_create_conflict_is_already_exists():
     api, _ = kube_api([api_error(409)])
     with pytest.raises(AlreadyExists):
-        api.create_trainjob("ns", BODY)
+        create(api, BODY)

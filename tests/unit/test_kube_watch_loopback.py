@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from fake_apiserver import FakeApiServer, kubeconfig
+from fake_apiserver import FakeApiServer, kubeconfig, when
 
 from trainflow.core.errors import TrainJobFailed, TrainJobNotFound, WaitTimeout
 from trainflow.core.kube import pod_watch
@@ -27,24 +27,8 @@ def fake():
 @pytest.fixture
 def backend(fake):
     b = KubernetesBackend(config_dict=kubeconfig(fake.url))
-    b.api.api_client  # noqa: B018 - the client library loads on first use; not inside the timed steps below
     yield b
     b.close()
-
-
-def when(ready, *steps) -> threading.Thread:
-    """Once ``ready()`` holds (polled; the client's pace, not a guess at it), run each ``(fn, *args)`` in turn."""
-
-    def run() -> None:
-        deadline = time.monotonic() + 60
-        while not ready() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        for fn, *args in steps:
-            fn(*args)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t
 
 
 def test_wait_sees_complete_and_reports_updates(fake, backend):
@@ -65,12 +49,17 @@ def test_wait_sees_complete_and_reports_updates(fake, backend):
 def test_410_gone_relists_and_returns_one_terminal_result(fake, backend):
     fake.add("a")
     fake.set_running("a")
-    fake.compact()
-    when(lambda: fake.open_watches, (fake.set_condition, "a", "Complete", "AllJobsCompleted"))
-    result = backend.wait("a", timeout=10, resource_version="1")
+    # once the watch streams: a newer version is compacted away and the stream is cut, so the watch resumes
+    # from a version the server no longer has (410) and lists again
+    when(lambda: fake.open_watches, (fake.add, "other"), (fake.compact,), (fake.drop_watches,))
+    when(
+        lambda: fake.list_requests >= 2 and fake.open_watches,
+        (fake.set_condition, "a", "Complete", "AllJobsCompleted"),
+    )
+    result = backend.wait("a", timeout=10)
     assert result.state is JobState.COMPLETE
     assert backend.last_wait_stats.relists_410 == 1
-    assert backend.last_wait_stats.lists == 1
+    assert backend.last_wait_stats.lists == 2
 
 
 def test_dropped_watch_reconnects_from_last_version(fake, backend):
@@ -107,7 +96,7 @@ async def test_many_async_waiters_share_one_watch(fake, backend):
         fake.add(n)
     reg = registry()
     tasks = [asyncio.create_task(backend.wait_async(n, timeout=90)) for n in names]
-    # the shared watch imports aiohttp off the loop (seconds in a fresh, loaded process), lists,
+    # the shared watch imports its HTTP client off the loop (seconds in a fresh, loaded process), lists,
     # then streams: wait for the stream itself, or the jobs could all complete before it opens
     for _ in range(600):
         if fake.open_watches:
@@ -250,3 +239,163 @@ def test_follow_logs_reconnects_from_last_timestamp_without_replay(fake, backend
     assert first["follow"].lower() == first["timestamps"].lower() == "true" and first["tailLines"] == "100"
     assert "sinceSeconds" in second and "tailLines" not in second  # resumed, not replayed
     assert second["container"] == "node"
+
+
+def client_threads() -> int:
+    """Threads of this process other than the fake API server's (it serves each connection on a thread of its
+    own, and a loaded machine closes them late)."""
+    return sum("process_request_thread" not in t.name for t in threading.enumerate())
+
+
+def running_pod(job: str) -> dict:
+    return {
+        "metadata": {
+            "name": f"{job}-node-0-0",
+            "uid": f"pod-{job}",
+            "creationTimestamp": "2026-11-29T10:00:00Z",
+            "labels": {
+                "jobset.sigs.k8s.io/jobset-name": job,
+                "jobset.sigs.k8s.io/replicatedjob-name": "node",
+                "batch.kubernetes.io/job-completion-index": "0",
+            },
+        },
+        "spec": {"restartPolicy": "OnFailure"},
+        "status": {"phase": "Running", "containerStatuses": [{"name": "node", "state": {"running": {}}}]},
+    }
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_wait_copies_rank0s_log_as_the_job_runs(fake, backend, mode):
+    """The wait follows rank 0's log itself: it learns of the pod from the pod watch (no polling for it), copies
+    each line once across a dropped stream, and ends with the job. No thread is started for it."""
+    from trainflow.core.logsink import LogSink
+
+    fake.add("lg")
+    now = time.time()
+    fake.log_lines = [(now - 5 + i * 0.5, f"line {i + 1}") for i in range(5)]
+    when(
+        lambda: fake.open_watches and fake.pod_watch_requests,
+        (fake.set_running, "lg"),
+        (fake.put_pod, running_pod("lg")),
+    )
+    when(lambda: len(fake.log_requests) >= 2, (fake.set_condition, "lg", "Complete", "AllJobsCompleted"))
+    lines: list[str] = []
+    sink = LogSink(lambda step, line: lines.append(f"[{step}] {line}"), ["node-0"], 100)
+    threads = client_threads()
+    if mode == "sync":
+        result = backend.wait("lg", timeout=30, logs=sink)
+    else:
+        result = asyncio.run(backend.wait_async("lg", timeout=30, logs=sink))
+    assert result.state is JobState.COMPLETE
+    assert lines == [f"[node-0] line {i}" for i in range(1, 8)]
+    assert client_threads() <= threads + 1  # a sync wait's loop runs on this thread
+    # no polling for the pod: the pod watch's list, the feed's first look, one look at each end of stream (the
+    # first one drops), and the finishing read of rank 0's log for metrics
+    assert fake.pod_list_requests <= 5
+
+
+def test_past_the_stream_slots_a_log_is_polled_on_the_shared_connections(fake, backend, monkeypatch):
+    """With every stream slot taken (none here), the wait reads the new lines now and then, and once more at
+    the end, each line once."""
+    from trainflow.core.kube import logfollow
+    from trainflow.core.logsink import LogSink
+
+    monkeypatch.setattr(logfollow, "FOLLOW_STREAMS", 0)
+    monkeypatch.setattr(logfollow, "POLL_SECONDS", 0.3)
+    fake.add("pl")
+    now = time.time()
+    fake.log_lines = [(now - 5 + i * 0.5, f"line {i + 1}") for i in range(3)]
+
+    def more() -> None:
+        fake.log_lines.append((time.time(), "line 4"))
+
+    when(
+        lambda: fake.open_watches and fake.pod_watch_requests,
+        (fake.set_running, "pl"),
+        (fake.put_pod, running_pod("pl")),
+    )
+    when(lambda: len(fake.log_requests) >= 2, (more,))
+    when(lambda: len(fake.log_requests) >= 4, (fake.set_condition, "pl", "Complete", "AllJobsCompleted"))
+    lines: list[str] = []
+    result = backend.wait(
+        "pl", timeout=30, logs=LogSink(lambda step, line: lines.append(line), ["node-0"], 100)
+    )
+    assert result.state is JobState.COMPLETE
+    assert lines == ["line 1", "line 2", "line 3", "line 4"]
+    assert not any(q.get("follow") for q in fake.log_requests)  # polled, never streamed
+
+
+@pytest.mark.parametrize("started", [True, False])
+def test_the_end_of_a_wait_does_not_hang_on_its_log(fake, backend, started):
+    """A followed stream may stay open after the job ended (kwok never closes one): the wait stops it and reads
+    the log once more instead of waiting out the drain; a pod that never started is not waited for."""
+    from trainflow.core.logsink import DRAIN_SECONDS, LogSink
+
+    fake.hold_follows = True
+    fake.add("hd")
+    now = time.time()
+    fake.log_lines = [(now - 5 + i * 0.5, f"line {i + 1}") for i in range(3)]
+
+    def more() -> None:  # written while the stream is open, after the last line it delivered
+        fake.log_lines.append((time.time(), "line 4"))
+
+    steps = [(fake.set_running, "hd")] + ([(fake.put_pod, running_pod("hd"))] if started else [])
+    when(lambda: fake.open_watches and fake.pod_watch_requests, *steps)
+    ready = (lambda: fake.log_requests) if started else (lambda: fake.pod_list_requests >= 2)
+    completed: list[float] = []
+    when(ready, (time.sleep, 0.3), (more,), (completed.append, time.time()),
+         (fake.set_condition, "hd", "Complete", "AllJobsCompleted"))  # fmt: skip
+    lines: list[str] = []
+    result = backend.wait(
+        "hd", timeout=30, logs=LogSink(lambda step, line: lines.append(line), ["node-0"], 100)
+    )
+    returned = time.time()
+    assert result.state is JobState.COMPLETE
+    assert returned - completed[0] < DRAIN_SECONDS / 2
+    if started:
+        assert lines == ["line 1", "line 2", "line 3", "line 4"]
+        follows = [bool(q.get("follow")) for q in fake.log_requests]
+        # the stream, then the last read (and the finishing read of rank 0's log for metrics)
+        assert follows[0] and not any(follows[1:]) and len(follows) <= 3
+    else:
+        assert lines == [] and not fake.log_requests
+
+
+def test_a_polled_log_is_read_line_by_line_each_line_once(fake, backend, monkeypatch):
+    """A poll reads everything written since the last line seen off the response, a line at a time (no
+    limitBytes, whose cut inside a line would tear it): thousands of lines, a burst just before the end, each
+    line once and whole."""
+    from trainflow.core.kube import logfollow
+    from trainflow.core.logsink import LogSink
+
+    monkeypatch.setattr(logfollow, "FOLLOW_STREAMS", 0)
+    monkeypatch.setattr(logfollow, "POLL_SECONDS", 0.3)
+    fake.add("big")
+    now = time.time()
+    fake.log_lines = [(now - 60 + i * 0.01, f"line {i + 1:04d} " + "x" * 200) for i in range(5000)]
+
+    def more() -> None:  # written in the same instant, just before the job completes
+        t = time.time()
+        fake.log_lines.extend((t, f"late {i + 1:04d}") for i in range(2000))
+
+    when(
+        lambda: fake.open_watches and fake.pod_watch_requests,
+        (fake.set_running, "big"),
+        (fake.put_pod, running_pod("big")),
+    )
+    when(
+        lambda: len(fake.log_requests) >= 3,
+        (more,),
+        (fake.set_condition, "big", "Complete", "AllJobsCompleted"),
+    )
+    lines: list[str] = []
+    result = backend.wait(
+        "big", timeout=30, logs=LogSink(lambda step, line: lines.append(line), ["node-0"], 10_000)
+    )
+    assert result.state is JobState.COMPLETE
+    expected = [f"line {i + 1:04d} " + "x" * 200 for i in range(5000)] + [
+        f"late {i + 1:04d}" for i in range(2000)
+    ]
+    assert lines == expected
+    polls = [q for q in fake.log_requests if "tailLines" not in q]  # not the finishing read for metrics
+    assert polls and not any("limitBytes" in q or q.get("follow") for q in polls)

@@ -196,3 +196,62 @@ def test_decide_takes_the_newest_live_attempt() -> None:
     assert decide([job(1, FAILED), job(2, FAILED)], wanted, False).attempt == 3
     assert decide([job(1, RUNNING, deleting=True)], wanted, False).kind == "create"
     assert decide([], wanted, False).attempt == 1
+
+
+class CountingBackend(MemoryBackend):
+    """Counts the launch's requests: lists, reads and creates (the runtime read is the backend's cache's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[str] = []
+
+    def find(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        self.requests.append("list")
+        return super().find(namespace, labels)
+
+    def read(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.requests.append("get")
+        return super().read(namespace, name)
+
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        self.requests.append("create")
+        return super().create(manifest)
+
+
+def test_a_first_launch_costs_one_request() -> None:
+    """Nothing to adopt: a fixed name, a request without identity, and a key on its first try create at once."""
+    for request, first_try in (
+        ({**REQUEST, "idempotency_key": None, "name": "fixed"}, False),
+        ({**REQUEST, "idempotency_key": None}, False),
+        (REQUEST, True),
+    ):
+        backend = CountingBackend()
+        launched = launch(backend, request, first_try=first_try)
+        assert (backend.requests, launched.attempt, launched.adopted) == (["create"], 1, False)
+
+
+def test_a_taken_name_on_a_first_try_goes_down_the_full_rule() -> None:
+    backend = CountingBackend()
+    first = launch(backend, REQUEST)
+    backend.jobs[first.ref.name]["status"] = FAILED
+    backend.requests.clear()
+    retried = launch(backend, REQUEST, first_try=True)  # e.g. a DAG run recreated under the same run_id
+    assert backend.requests == ["create", "list", "create"]
+    assert (retried.attempt, retried.adopted) == (2, False)
+    backend.jobs[retried.ref.name]["status"] = DONE
+    assert launch(backend, REQUEST, first_try=True).reused  # its completed attempt is the result
+
+
+def test_a_deleted_attempt_one_with_a_later_attempt_running_is_found_by_a_retry() -> None:
+    """Attempt 1 failed, attempt 2 runs, then attempt 1 was deleted: a retry (not a first try) lists first and
+    reattaches to attempt 2; creating attempt 1 again would run the request twice."""
+    backend = CountingBackend()
+    first = launch(backend, REQUEST)
+    backend.jobs[first.ref.name]["status"] = FAILED
+    second = launch(backend, REQUEST)
+    backend.jobs[second.ref.name]["status"] = RUNNING
+    del backend.jobs[first.ref.name]
+    backend.requests.clear()
+    again = launch(backend, REQUEST)
+    assert backend.requests == ["list"]
+    assert (again.ref.name, again.attempt, again.adopted) == (second.ref.name, 2, True)

@@ -102,6 +102,44 @@ def test_mpi_plan_uses_a_local_hostfile_when_mpirun_exists(
     assert plan["argv"][:3] == ["mpirun", "--hostfile", str(tmp_path / "job" / "hostfile")]
 
 
+def _fake_mpirun(tmp_path: Path, version: str) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "mpirun"
+    fake.write_text(f"#!/bin/sh\necho '{version}'\n")
+    fake.chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    ("version", "env", "refused"),
+    [
+        ("mpirun (Open MPI) 4.1.4", {}, True),
+        (
+            "mpirun (Open MPI) 4.1.4",
+            {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"},
+            False,
+        ),
+        ("mpirun (Open MPI) 4.1.4", {"OMPI_ALLOW_RUN_AS_ROOT": "1"}, True),
+        ("HYDRA build details:", {}, False),  # MPICH's mpirun runs as root
+    ],
+)
+def test_open_mpi_as_root_is_refused_unless_its_switches_are_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str, env: dict[str, str], refused: bool
+) -> None:
+    _fake_mpirun(tmp_path, version)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin") + ":/bin:/usr/bin")
+    for name in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    request = {"runtime": "mlx-distributed", "function": "json:dumps", "num_nodes": 2, "env": env}
+    if refused:
+        with pytest.raises(InvalidRequest, match="refuses to run as root") as info:
+            plan_for(request, tmp_path)
+        assert info.value.fields == ["runtime"] and "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" in str(info.value)
+    else:
+        assert plan_for(request, tmp_path)["argv"][0] == "mpirun"
+
+
 def test_mpi_without_mpirun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(InvalidRequest, match="mpirun is not installed") as info:

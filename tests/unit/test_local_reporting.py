@@ -35,6 +35,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in (*SERVER_ENV, *RANK_ENV, "TRAINFLOW_LOCAL_JOB_DIR", "TRAINFLOW_OUTPUT_URI"):
         monkeypatch.delenv(name, raising=False)
     reporting._sent.clear()
+    reporting._sent_progress.clear()
+    reporting._first_progress.clear()
 
 
 def _self_signed(tmp: Path) -> tuple[Path, Path]:
@@ -115,6 +117,28 @@ def test_report_posts_trainer_status_with_token_and_ca(
         {"name": "loss", "value": "0.25"},
     ]
     assert last["lastUpdatedTime"].endswith("Z")
+
+
+def test_eta_is_extrapolated_from_progress_and_progress_outlives_a_metrics_only_report(
+    status_server: tuple[str, Path, list[dict[str, object]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, ca, received = status_server
+    monkeypatch.setenv("KUBEFLOW_TRAINER_SERVER_URL", url)
+    monkeypatch.setenv("KUBEFLOW_TRAINER_SERVER_CA_CERT", str(ca))
+    clock = [1000.0]
+    monkeypatch.setattr(reporting.time, "monotonic", lambda: clock[0])
+    reporting.report(progress=10)  # the first progress report: no rate yet
+    clock[0] += 30
+    reporting.report(progress=40)  # 30 points in 30 s: 60 points left, 60 s
+    reporting.report(metrics={"loss": 0.5})  # metrics only: the status server replaces trainerStatus whole
+    reporting.report(progress=50, eta_seconds=7.6)  # given: sent as the CRD's integer
+    bodies = [r["body"]["trainerStatus"] for r in received]  # type: ignore[index]
+    assert "estimatedRemainingSeconds" not in bodies[0]
+    assert bodies[1]["estimatedRemainingSeconds"] == 60
+    assert bodies[2]["progressPercentage"] == 40 and "estimatedRemainingSeconds" not in bodies[2]
+    assert bodies[3]["estimatedRemainingSeconds"] == 8 and bodies[3]["metrics"] == [
+        {"name": "loss", "value": "0.5"}
+    ]
 
 
 def test_report_never_raises_on_delivery_errors(

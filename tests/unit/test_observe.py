@@ -52,6 +52,17 @@ def progress(pct: int, **metrics: str) -> dict[str, Any]:
     return {**RUNNING, "trainerStatus": trainer}
 
 
+def report(pct: int, eta: int, at: str, **metrics: str) -> dict[str, Any]:
+    """A trainerStatus as the Trainer's status server stores a report (``lastUpdatedTime`` always set)."""
+    trainer: dict[str, Any] = {
+        "progressPercentage": pct,
+        "estimatedRemainingSeconds": eta,
+        "lastUpdatedTime": at,
+    }
+    trainer["metrics"] = [{"name": k, "value": v} for k, v in metrics.items()]
+    return {**RUNNING, "trainerStatus": trainer}
+
+
 COMPLETE = {
     "conditions": [cond("Complete", "AllJobsCompleted")],
     "trainerStatus": {"metrics": [{"name": "loss", "value": "0.1"}]},
@@ -75,6 +86,19 @@ TABLE = [
         "Complete",
     ),
     ("same-status-is-not-news", [RUNNING, RUNNING, COMPLETE], ["Running", "Complete"], "Complete"),
+    (
+        "each-report-once",
+        [
+            RUNNING,
+            report(10, 90, "2026-11-29T10:00:01Z", loss="2.5"),
+            report(10, 90, "2026-11-29T10:00:01Z", loss="2.5"),  # the same report in another event
+            report(40, 60, "2026-11-29T10:00:02Z", loss="1.25", acc="0.5"),
+            report(40, 60, "2026-11-29T10:00:03Z", loss="1.25", acc="0.5"),  # reported again: a point
+            COMPLETE,
+        ],
+        ["Running", "Running", "Running", "Running", "Complete"],
+        "Complete",
+    ),
     ("deadline", [CREATED, RUNNING], ["Created", "Running"], "timeout"),
 ]
 IDS = [row[0] for row in TABLE]
@@ -86,15 +110,32 @@ def timeout_of(row: tuple[Any, ...]) -> float:
     return DEADLINE if row[3] == "timeout" else 60.0
 
 
+def expected_history(statuses: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Each distinct trainerStatus in the order seen, as (progress, eta, numeric metrics)."""
+    out, last = [], None
+    for status in statuses:
+        ts = status.get("trainerStatus")
+        if ts and ts != last:
+            metrics = {m["name"]: float(m["value"]) for m in ts.get("metrics") or []}
+            out.append((ts.get("progressPercentage"), ts.get("estimatedRemainingSeconds"), metrics))
+        last = ts or last
+    return out
+
+
 def expect(reported: list[JobState], ending: Any, row: tuple[Any, ...]) -> None:
-    _, _, states, end = row
+    _, statuses, states, end = row
     assert [s.value for s in reported] == states
     if end == "timeout":
         assert isinstance(ending, WaitTimeout), ending
-    elif end == "Failed":
+        return
+    if end == "Failed":
         assert isinstance(ending, TrainJobFailed) and ending.result.reason == "FailedJobs", ending
+        ending = ending.result
     else:
         assert ending.state.value == end and ending.metrics == {"loss": 0.1}, ending
+    got = [(p.progress, p.eta_seconds, p.metrics) for p in ending.history]
+    assert got == expected_history(statuses)
+    assert ending.history.seen == len(got)
 
 
 def obj(status: dict[str, Any]) -> dict[str, Any]:
@@ -175,7 +216,7 @@ def test_shared_async_watch(fake: FakeApiServer, row: tuple[Any, ...]) -> None:
     reported: list[JobState] = []
 
     async def wait() -> Any:
-        await asyncio.to_thread(importlib.import_module, "aiohttp")  # loads once per process
+        await asyncio.to_thread(importlib.import_module, "httpx")  # loads once per process
         waiting = asyncio.ensure_future(
             backend.wait_async("job", timeout=timeout_of(row), on_update=lambda r: reported.append(r.state))
         )
@@ -225,20 +266,86 @@ def test_local_engine(tmp_path: Path) -> None:
         expect(reported, ending, row)
 
 
-def test_a_waiter_of_its_own_looks_at_pods_the_status_calls_ready() -> None:
-    """The Trainer's ready counts lag behind a crash: a sync waiter looks every POD_CHECK_SECONDS anyway, a
-    waiter on the shared watch only when the counts say pods are not ready."""
+def test_a_waiter_looks_at_pods_only_when_the_counts_say_not_ready() -> None:
+    """Crashed containers reach a waiter from the pod watch (kube/pod_watch.py); the status alone asks for a
+    look at the pods (a stuck pull or schedule) when the Trainer counts fewer ready than active pods."""
     now = time.time()
-    own = Waiter(deadline=now + 3600, pod_checks=True, pod_check_every=POD_CHECK_SECONDS)
-    shared = Waiter(deadline=now + 3600, pod_checks=True)
-    for waiter in (own, shared):
-        assert not observe(waiter, obj(CREATED), now).check_pods  # no jobsStatus: no pods yet
-    assert observe(own, obj(RUNNING), now).check_pods
-    assert not observe(shared, obj(RUNNING), now).check_pods  # 2 active, 2 ready
-    assert not observe(own, None, now + 1).check_pods  # looked a second ago
-    assert own.next_check(now + 1, 300) <= POD_CHECK_SECONDS
-    assert shared.next_check(now + 1, 300) == pytest.approx(300, abs=1)
-    assert observe(own, None, now + POD_CHECK_SECONDS + 0.1).check_pods
+    waiter = Waiter(deadline=now + 3600, pod_checks=True)
+    assert not observe(waiter, obj(CREATED), now).check_pods  # no jobsStatus: no pods yet
+    assert not observe(waiter, obj(RUNNING), now).check_pods  # 2 active, 2 ready
+    assert waiter.next_check(now + 1, 300) == pytest.approx(300, abs=1)
     crashed = {"jobsStatus": [{"name": "node", "active": 2, "ready": 1}]}
-    assert observe(shared, obj(crashed), now + 2).check_pods  # the counts say so: both look
-    assert not observe(own, obj(FAILED), now + 20).check_pods  # terminal: the pods are gone
+    assert observe(waiter, obj(crashed), now + 2).check_pods
+    assert not observe(waiter, None, now + 2.5).check_pods  # looked half a second ago
+    assert waiter.next_check(now + 2.5, 300) <= POD_CHECK_SECONDS
+    assert not observe(waiter, obj(FAILED), now + 20).check_pods  # terminal: the pods are gone
+
+
+def test_recording_the_history_adds_no_request(fake: FakeApiServer) -> None:
+    """The same number of watch events with and without reports in them: the same requests, and the history
+    holds each report (the loopback server counts what the waiter asks for)."""
+    backend = KubernetesBackend(config_dict=kubeconfig(fake.url))
+
+    def run(name: str, with_reports: bool) -> tuple[tuple[int, ...], Any]:
+        fake.add(name)
+        fake.set_status(name, RUNNING)
+        before = counts()
+        read = [-2]  # the newest report the waiter has recorded, -1 before any (on_update runs on its loop)
+
+        def on_update(r: Any) -> None:
+            read[0] = max(read[0], -1)
+            if r.metrics.get("loss"):
+                read[0] = max(read[0], round(1 / float(r.metrics["loss"])) - 1)
+
+        def write() -> None:
+            deadline = (
+                time.monotonic() + 30
+            )  # the waiter has its job (a report before that is not its to see)
+            while with_reports and read[0] < -1 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            for i in range(60):
+                # a mailbox keeps the newest MAX_VERSIONS unread versions; the writer stays 8 ahead at most,
+                # so a loaded machine slows the test down instead of dropping reports
+                deadline = time.monotonic() + 30
+                while with_reports and read[0] < i - 8 and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                if with_reports:
+                    status = report(
+                        i * 100 // 60,
+                        60 - i,
+                        f"2026-11-29T10:{i // 60:02d}:{i % 60:02d}Z",
+                        loss=str(1 / (i + 1)),
+                    )
+                else:
+                    status = {
+                        "jobsStatus": [{"name": "node", "active": 2, "ready": 2, "succeeded": 0, "failed": i}]
+                    }
+                fake.set_status(name, status)
+                time.sleep(0.01)
+            fake.set_status(name, COMPLETE)
+
+        async def wait() -> Any:
+            waiting = asyncio.ensure_future(backend.wait_async(name, timeout=60, on_update=on_update))
+            for _ in range(300):
+                if fake.open_watches:
+                    break
+                await asyncio.sleep(0.05)
+            threading.Thread(target=write, daemon=True).start()
+            return await waiting
+
+        result = asyncio.run(wait())
+        return tuple(a - b for a, b in zip(counts(), before, strict=True)), result
+
+    def counts() -> tuple[int, ...]:
+        return (
+            fake.list_requests,
+            fake.watch_requests,
+            fake.pod_list_requests,
+            fake.pod_watch_requests,
+            len(fake.log_requests),
+        )
+
+    plain_requests, plain = run("plain", with_reports=False)
+    report_requests, reported = run("reported", with_reports=True)
+    assert report_requests == plain_requests
+    assert len(plain.history) == 1 and len(reported.history) == 61  # 60 reports, then COMPLETE's own

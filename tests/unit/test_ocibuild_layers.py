@@ -124,13 +124,89 @@ def test_distributions_are_cut_into_the_family_layers() -> None:
     from ocibuild.recipes import FAMILIES
 
     names = ["trainflow", "kfp", "pyyaml", "nvidia-cublas-cu13", "triton", "torch", "numpy", "sympy"]
-    dists: dict[str, Any] = dict.fromkeys([*names, "xgboost-cpu", "scipy"])
-    layers = _assign(FAMILIES["torch"], dists, {"kfp", "pyyaml"}, {"xgboost": {"xgboost-cpu", "scipy"}})
+    dists: dict[str, Any] = dict.fromkeys(
+        [*names, "xgboost-cpu", "scipy", "deepspeed", "jaxlib", "transformers"]
+    )
+    own = {
+        "xgboost": {"xgboost-cpu", "scipy"},
+        "frameworks": {"deepspeed", "jaxlib"},
+        "hf": {"transformers"},
+    }
+    layers = _assign(FAMILIES["torch"], dists, {"kfp", "pyyaml"}, own)
     assert layers == {
         "deps": {"kfp", "pyyaml"},
         "cuda": {"nvidia-cublas-cu13", "triton"},
+        "cuda-gpu": {"nvidia-cublas-cu13", "triton"},  # the same distributions, cut by path
         "torch": {"torch", "numpy", "sympy"},
         "xgboost": {"xgboost-cpu", "scipy"},
+        "frameworks": {"deepspeed", "jaxlib"},
+        "hf": {"transformers"},
         "trainflow": {"trainflow"},
         "examples": set(),
     }
+
+
+def test_the_cuda_distributions_are_split_into_what_torch_loads_and_what_only_a_gpu_loads() -> None:
+    """Each file of a CUDA distribution is in exactly one of ``cuda`` and ``cuda-gpu``; the libraries that
+    torch, NCCL and cuSPARSE link at load time stay in ``cuda`` (the CPU-only runtimes image has only it)."""
+    from ocibuild.build import _in_layer
+    from ocibuild.pyenv import SITE
+    from ocibuild.recipes import FAMILIES, IMAGES
+
+    family = FAMILIES["torch"]
+    cuda, gpu = (next(s for s in family.layers if s.name == n) for n in ("cuda", "cuda-gpu"))
+    loaded = ["nvidia/cu13/lib/libcublasLt.so.13", "nvidia/cu13/lib/libcusparse.so.12",
+              "nvidia/cu13/lib/libnvJitLink.so.13", "nvidia/cudnn/lib/libcudnn.so.9",
+              "nvidia/nvshmem/lib/libnvshmem_host.so.3", "nvidia/nccl/lib/libnccl.so.2",
+              "nvidia_cudnn_cu13-9.15.0.dist-info/RECORD"]  # fmt: skip
+    gpu_only = ["nvidia/cudnn/lib/libcudnn_engines_precompiled.so.9", "nvidia/cu13/lib/libcusolver.so.12",
+                "nvidia/nvshmem/lib/nvshmem_transport_ucx.so.6", "nvidia/nccl/lib/libnccl_device.bc",
+                "nvidia/cu13/lib/libcudart_static.a", "triton/__init__.py", "triton/__pycache__/x.cpython-311.pyc",
+                "triton-3.9.0.dist-info/RECORD"]  # fmt: skip
+    for rel in loaded + gpu_only:
+        path = f"{SITE}/{rel}"
+        assert _in_layer(cuda, family, path) != _in_layer(gpu, family, path), rel
+        assert _in_layer(gpu, family, path) == (rel in gpu_only), rel
+    assert "cuda-gpu" in IMAGES["trainer"].layers and "cuda-gpu" not in IMAGES["runtimes"].layers
+
+
+def test_a_debian_layer_is_what_the_bigger_rootfs_adds_changes_or_removes(tmp_path: Path) -> None:
+    """diff_layer: new and changed entries, a whiteout for what is gone, a hardlink to an unchanged file stored
+    as a file; extracted over the lower layer it gives the upper one."""
+    from ocibuild.layers import diff_layer
+
+    def rootfs_tar(name: str, files: dict[str, bytes], links: dict[str, str]) -> Path:
+        out = tmp_path / f"{name}.tar"
+        with tarfile.open(out, "w") as tar:
+            for path, data in files.items():
+                info = tarfile.TarInfo(path)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            for path, target in links.items():
+                info = tarfile.TarInfo(path)
+                info.type, info.linkname = tarfile.LNKTYPE, target
+                tar.addfile(info)
+        return out
+
+    store = BlobStore(tmp_path / "blobs")
+    keep = {"etc/keep": b"same", "usr/lib/libc": b"libc"}
+    lower = rootfs_tar("lower", {**keep, "etc/status": b"v1", "etc/gone": b"x"}, {})
+    upper = rootfs_tar(
+        "upper", {**keep, "etc/status": b"v2", "usr/bin/mpirun": b"mpi"}, {"usr/lib/libc2": "usr/lib/libc"}
+    )
+    blob = diff_layer(store, lower, upper)
+    with tarfile.open(store.path(blob.digest)) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert set(members) == {
+            "etc",
+            "etc/status",
+            "etc/.wh.gone",
+            "usr",
+            "usr/bin",
+            "usr/bin/mpirun",
+            "usr/lib",
+            "usr/lib/libc2",
+        }
+        assert tar.extractfile("etc/status").read() == b"v2"  # type: ignore[union-attr]
+        assert members["usr/lib/libc2"].isreg() and tar.extractfile("usr/lib/libc2").read() == b"libc"  # type: ignore[union-attr]
+    assert diff_layer(store, lower, upper) == blob

@@ -26,7 +26,7 @@ CRASH = {"terminated": {"exitCode": 2, "reason": "Error"}}
 
 def test_one_alert_per_crash_and_per_restart() -> None:
     seen: list[str] = []
-    alerts = CrashAlerts(seen.append)
+    alerts = CrashAlerts(lambda name, pod: seen.append(name))
     alerts.apply("ADDED", pod("a", "u1", RUNNING))
     alerts.apply("MODIFIED", pod("a", "u1", {"terminated": {"exitCode": 0, "reason": "Completed"}}))
     assert seen == []  # success is no crash
@@ -44,7 +44,7 @@ def test_one_alert_per_crash_and_per_restart() -> None:
 
 def test_relist_forgets_gone_pods_and_reports_crashes_it_missed() -> None:
     seen: list[str] = []
-    alerts = CrashAlerts(seen.append)
+    alerts = CrashAlerts(lambda name, pod: seen.append(name))
     crashed = pod("a", "u1", CRASH)
     alerts.apply("MODIFIED", crashed)
     for again in (copy.deepcopy(crashed), pod("c", "u9", CRASH)):  # a re-list after a 410: u1 known, u9 new
@@ -57,7 +57,7 @@ def test_relist_forgets_gone_pods_and_reports_crashes_it_missed() -> None:
 
 def test_pods_without_a_jobset_label_are_ignored() -> None:
     seen: list[str] = []
-    alerts = CrashAlerts(seen.append)
+    alerts = CrashAlerts(lambda name, pod: seen.append(name))
     stray = pod("a", "u1", CRASH)
     del stray["metadata"]["labels"]
     alerts.apply("ADDED", stray)

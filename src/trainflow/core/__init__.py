@@ -16,12 +16,15 @@ _EXPORTS = {
     "Diagnostics": "errors",
     "FieldIssue": "errors",
     "InvalidRequest": "errors",
+    "QueueBudgetExceeded": "errors",
     "RuntimeNotFound": "errors",
     "TrainflowError": "errors",
     "TrainJobConflict": "errors",
     "TrainJobFailed": "errors",
     "TrainJobNotFound": "errors",
     "WaitTimeout": "errors",
+    "History": "history",
+    "HistoryPoint": "history",
     "Launch": "lifecycle",
     "launch": "lifecycle",
     "render": "lifecycle",
@@ -46,11 +49,14 @@ __all__ = [
     "Backend",
     "Diagnostics",
     "FieldIssue",
+    "History",
+    "HistoryPoint",
     "InvalidRequest",
     "JobRef",
     "JobState",
     "Launch",
     "PvcVolume",
+    "QueueBudgetExceeded",
     "Resources",
     "Runtime",
     "RuntimeNotFound",
@@ -81,6 +87,7 @@ if TYPE_CHECKING:
         Diagnostics,
         FieldIssue,
         InvalidRequest,
+        QueueBudgetExceeded,
         RuntimeNotFound,
         TrainflowError,
         TrainJobConflict,
@@ -88,6 +95,7 @@ if TYPE_CHECKING:
         TrainJobNotFound,
         WaitTimeout,
     )
+    from trainflow.core.history import History, HistoryPoint
     from trainflow.core.lifecycle import Launch, launch, render
     from trainflow.core.manifest import build_trainjob, identity_labels, job_name
     from trainflow.core.reporting import output_dir, report

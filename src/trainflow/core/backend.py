@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from trainflow.core.logsink import LogSink
 from trainflow.core.observe import UpdateCallback
 from trainflow.core.request import TrainJobRequest
 from trainflow.core.result import JobRef, TrainJobResult
@@ -68,8 +69,10 @@ class Backend(Protocol):
         deadline: float | None = None,
         raise_on_failure: bool = True,
         on_update: UpdateCallback | None = None,
+        logs: LogSink | None = None,
     ) -> TrainJobResult:
-        """Block until Complete or Failed, or until the absolute ``deadline`` (epoch seconds)."""
+        """Block until Complete or Failed, or until the absolute ``deadline`` (epoch seconds); meanwhile copy
+        the output of ``logs.steps`` as it is written."""
 
     async def wait_async(
         self,
@@ -79,6 +82,7 @@ class Backend(Protocol):
         deadline: float | None = None,
         raise_on_failure: bool = True,
         on_update: UpdateCallback | None = None,
+        logs: LogSink | None = None,
     ) -> TrainJobResult:
         """``wait`` for event loops (the Airflow triggerer); waiters share one watch per namespace."""
 
@@ -94,6 +98,9 @@ class Backend(Protocol):
 
     def cancel(self, ref: JobRef | str) -> bool:
         """Stop and delete the TrainJob; True if something was deleted. Idempotent."""
+
+    async def cancel_async(self, ref: JobRef | str) -> bool:
+        """``cancel`` for event loops (a deferred task killed in the triggerer)."""
 
     def list(self, labels: Mapping[str, str] | None = None) -> list[TrainJobResult]:
         """TrainJobs in this backend's namespace, optionally filtered by labels."""
@@ -111,15 +118,16 @@ def get_backend(name: BackendName | str = "local", **config: Any) -> Backend:
     kubernetes config: ``kubeconfig``, ``context``, ``namespace``, ``in_cluster``, ``config_dict``,
     ``verify_ssl``.
     local config: ``home`` (state directory; default ``$TRAINFLOW_HOME`` or the user data dir), ``namespace``.
+    The names and values are read as ``connection.connection_config`` reads them (``cluster_context``,
+    ``kubeconfig_path``, ``local_home`` too; a bad value or backend is an InvalidRequest naming it).
     """
-    if name == "local":
+    from trainflow.core.connection import connection_config
+
+    backend, kwargs = connection_config({**config, "backend": name})
+    if backend == "local":
         from trainflow.core.local.engine import LocalBackend
 
-        return LocalBackend(**config)
-    if name in ("kubernetes", "k8s"):
-        from trainflow.core.kube.backend import KubernetesBackend
+        return LocalBackend(**kwargs)
+    from trainflow.core.kube.backend import KubernetesBackend
 
-        return KubernetesBackend(**config)
-    from trainflow.core.errors import InvalidRequest
-
-    raise InvalidRequest.one("backend", f"unknown backend {name!r}", "use 'local' or 'kubernetes'")
+    return KubernetesBackend(**kwargs)

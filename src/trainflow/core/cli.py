@@ -9,23 +9,25 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
 import click
 import yaml
 
+from trainflow.core import cli_progress
 from trainflow.core.backend import Backend, get_backend
+from trainflow.core.charts import duration
 from trainflow.core.cli_request import BadInput, collect, request_options
+from trainflow.core.connection import connection_config
 from trainflow.core.errors import (
     MAX_ERROR_CHARS,
     MAX_PROBLEM_CHARS,
     InvalidRequest,
+    QueueBudgetExceeded,
     TrainflowError,
     TrainJobFailed,
     WaitTimeout,
@@ -40,19 +42,12 @@ EXIT_BAD_INPUT = 2
 
 def _backend(ctx: click.Context) -> Backend:
     opts = ctx.obj
-    config: dict[str, Any] = {}
-    if opts["namespace"]:
-        config["namespace"] = opts["namespace"]
-    if opts["backend"] == "local":
-        if opts["home"]:
-            config["home"] = opts["home"]
-    else:
-        for key in ("kubeconfig", "context"):
-            if opts[key]:
-                config[key] = opts[key]
-    backend = get_backend(opts["backend"], **config)
-    if opts["backend"] != "local":  # a command line fails at once on an unreachable server, not after retries
-        from trainflow.core.kube.config import check_reachable
+    name, config = connection_config(
+        {k: opts[k] for k in ("backend", "namespace", "kubeconfig", "context", "home")}
+    )
+    backend = get_backend(name, **config)
+    if name != "local":  # a command line fails at once on an unreachable server, not after retries
+        from trainflow.core.kube.client import check_reachable
 
         check_reachable(backend.cluster)  # type: ignore[attr-defined]
     return backend
@@ -63,17 +58,6 @@ def _emit(data: Any, fmt: str) -> None:
         click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
     else:
         click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
-
-
-def _summary(result: TrainJobResult) -> str:
-    parts = [f"{result.namespace}/{result.name}", result.state.value]
-    if result.reason:
-        parts.append(result.reason)
-    if result.progress is not None:
-        parts.append(f"{result.progress}%")
-    if result.duration_seconds is not None:
-        parts.append(f"{result.duration_seconds:.1f}s")
-    return "  ".join(parts)
 
 
 def _describe(result: TrainJobResult) -> str:
@@ -87,8 +71,16 @@ def _describe(result: TrainJobResult) -> str:
         ("Created", result.created_at.isoformat() if result.created_at else ""),
         ("Finished", result.finished_at.isoformat() if result.finished_at else ""),
         ("Duration", f"{result.duration_seconds:.1f}s" if result.duration_seconds is not None else ""),
+        ("Queue", result.queue or ""),
+        ("Queued", f"{result.queued_seconds:.1f}s" if result.queued_seconds is not None else ""),
+        ("Preempted", str(result.preemptions) if result.preemptions else ""),
         ("Progress", f"{result.progress}%" if result.progress is not None else ""),
+        ("ETA", duration(eta) if (eta := cli_progress.eta_now(result)) is not None else ""),
         ("Metrics", ", ".join(f"{k}={v}" for k, v in sorted(result.metrics.items()))),
+        (
+            "History",
+            f"{len(result.history)} points of {result.history.seen} reports" if result.history else "",
+        ),
         ("Output", result.output_uri or ""),
     ]
     return "\n".join(f"{k + ':':10} {v}" for k, v in rows if v)
@@ -101,50 +93,50 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-@contextmanager
-def _progress_display(started: float) -> Iterator[Callable[[TrainJobResult], None]]:
-    """A live line on a terminal; plain lines on state changes otherwise (logs, CI); both show elapsed time."""
-    if sys.stdout.isatty():
-        from rich.console import Console
-
-        with Console(stderr=True).status("waiting...") as status:
-            yield lambda r: status.update(f"{_summary(r)}  [{time.monotonic() - started:.0f}s]")
-    else:
-        last: list[tuple[str, int | None]] = []
-
-        def plain(result: TrainJobResult) -> None:
-            key = (result.state.value, result.progress)
-            if not last or last[-1] != key:
-                last.append(key)
-                click.echo(f"{_summary(result)}  (elapsed {time.monotonic() - started:.1f}s)", err=True)
-
-        yield plain
-
-
-def _follow_logs(backend: Backend, ref: JobRef | str) -> threading.Thread:
-    def pump() -> None:
-        try:
-            for line in backend.logs(ref, follow=True):
-                click.echo(line.rstrip("\n"))
-        except TrainflowError as exc:
-            click.echo(f"(logs: {exc})", err=True)
-
-    thread = threading.Thread(target=pump, name="trainflow-cli-logs", daemon=True)
-    thread.start()
-    return thread
-
-
 def _wait_and_report(
-    backend: Backend, ref: JobRef | str, timeout: float | None, fmt: str, follow: bool
-) -> None:
-    started = time.monotonic()
-    pump = _follow_logs(backend, ref) if follow else None
-    with _progress_display(started) as on_update:
-        result = backend.wait(ref, timeout, on_update=on_update)
-    if pump is not None:
-        pump.join(timeout=5)
-    click.echo(f"{result.state.value} after {time.monotonic() - started:.1f}s", err=True)
-    _emit(result.to_dict(), fmt)
+    backend: Backend,
+    ref: JobRef | str,
+    timeout: float | None,
+    fmt: str | None,
+    follow: tuple[str, ...],
+    chart: str | None = None,
+    metrics: tuple[str, ...] = (),
+) -> TrainJobResult:
+    result = cli_progress.wait_live(backend, ref, timeout, follow=follow, chart=chart, metrics=metrics)
+    if fmt:
+        _emit(result.to_dict(), fmt)
+    return result
+
+
+def _follow_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option(
+        "--step",
+        multiple=True,
+        metavar="STEP",
+        help="With --follow: whose log (node-N, dataset-initializer, model-initializer; repeatable).",
+    )(fn)
+    return click.option("--follow", is_flag=True, help="Print rank 0's log (or --step's) while waiting.")(fn)
+
+
+def _followed(follow: bool, steps: tuple[str, ...]) -> tuple[str, ...]:
+    if steps and not follow:
+        raise BadInput("--step: give --follow too (it chooses whose log --follow prints)")
+    for step in steps:
+        if not re.fullmatch(r"node-\d+|dataset-initializer|model-initializer", step):
+            raise BadInput(f"--step {step!r}: use node-N (rank N), dataset-initializer or model-initializer")
+    return (steps or ("node-0",)) if follow else ()
+
+
+def _chart_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not value.lower().endswith(".svg"):
+        raise click.BadParameter(f"{value!r}: charts are written as SVG; name the file *.svg", ctx, param)
+    return value
+
+
+def _chart_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--chart", callback=_chart_path, metavar="FILE.svg", help="Write the metrics history's charts here."
+    )(fn)
 
 
 def _timeout(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
@@ -201,8 +193,9 @@ def render(ctx: click.Context, /, fmt: str | None, **kw: Any) -> None:
 @cli.command()
 @request_options
 @click.option("--wait/--no-wait", "wait", default=False, help="Wait for the job to finish.")
-@click.option("--follow", is_flag=True, help="With --wait: print rank 0's log while waiting.")
+@_follow_options
 @click.option("--timeout", type=float, callback=_timeout, help="With --wait: give up after SECONDS.")
+@_chart_option
 @click.option(
     "--dry-run", is_flag=True, help="Validate (on a cluster: a server-side dry run); create nothing."
 )
@@ -213,7 +206,9 @@ def submit(
     /,
     wait: bool,
     follow: bool,
+    step: tuple[str, ...],
     timeout: float | None,
+    chart: str | None,
     dry_run: bool,
     fmt: str | None,
     **kw: Any,
@@ -226,16 +221,18 @@ def submit(
         click.echo(line, err=True)
     click.echo(launched.summary, err=bool(fmt))
     if wait and not dry_run:
-        _wait_and_report(backend, launched.ref, timeout, fmt or "yaml", follow)
+        _wait_and_report(backend, launched.ref, timeout, fmt or "yaml", _followed(follow, step), chart)
 
 
 @cli.command()
 @click.argument("name")
+@click.option("-w", "--watch", is_flag=True, help="Follow it live (progress, ETA, metrics) until it ends.")
 @_output_option
 @click.pass_context
-def status(ctx: click.Context, name: str, fmt: str | None) -> None:
-    """Show one TrainJob: state, reason, times, progress, metrics, output."""
-    result = _backend(ctx).get(name)
+def status(ctx: click.Context, name: str, watch: bool, fmt: str | None) -> None:
+    """Show one TrainJob: state, reason, times, progress, ETA, metrics, output."""
+    backend = _backend(ctx)
+    result = cli_progress.wait_live(backend, name, None) if watch else backend.get(name)
     if fmt:
         _emit(result.to_dict(), fmt)
     else:
@@ -245,12 +242,58 @@ def status(ctx: click.Context, name: str, fmt: str | None) -> None:
 @cli.command()
 @click.argument("name")
 @click.option("--timeout", type=float, callback=_timeout, help="Give up after SECONDS (exit 1).")
-@click.option("--follow", is_flag=True, help="Print rank 0's log while waiting.")
+@_follow_options
+@_chart_option
 @_output_option
 @click.pass_context
-def wait(ctx: click.Context, name: str, timeout: float | None, follow: bool, fmt: str | None) -> None:
-    """Wait until a TrainJob completes (exit 0) or fails (exit 1)."""
-    _wait_and_report(_backend(ctx), name, timeout, fmt or "yaml", follow)
+def wait(
+    ctx: click.Context,
+    name: str,
+    timeout: float | None,
+    follow: bool,
+    step: tuple[str, ...],
+    chart: str | None,
+    fmt: str | None,
+) -> None:
+    """Wait until a TrainJob completes (exit 0) or fails (exit 1), showing its progress live."""
+    _wait_and_report(_backend(ctx), name, timeout, fmt or "yaml", _followed(follow, step), chart)
+
+
+@cli.command()
+@click.argument("name", required=False)
+@click.option("-o", "--output", required=True, callback=_chart_path, metavar="FILE.svg", help="The SVG file.")
+@click.option(
+    "-m", "--metric", "metrics", multiple=True, help="Only this series (repeatable; 'progress' too)."
+)
+@click.option(
+    "--result", "result_file", type=click.File("r"), help="A saved result (JSON: XCom, KFP, --json)."
+)
+@click.option("--timeout", type=float, callback=_timeout, help="Stop following after SECONDS (exit 1).")
+@click.pass_context
+def chart(
+    ctx: click.Context,
+    name: str | None,
+    output: str,
+    metrics: tuple[str, ...],
+    result_file: Any,
+    timeout: float | None,
+) -> None:
+    """Write a TrainJob's metrics and progress charts to an SVG file.
+
+    NAME is followed until it ends, then charted: the local engine keeps every report, so its chart is whole
+    however late this starts; on a cluster it holds the reports seen while this command ran (and the final
+    one). --result charts a saved result (its history) instead."""
+    if (name is None) == (result_file is None):
+        raise BadInput("give a TrainJob NAME or --result FILE, one of them")
+    if result_file is not None:
+        try:
+            result = TrainJobResult.from_dict(json.load(result_file))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BadInput(f"--result: not a TrainJob result ({exc})") from None
+        cli_progress.write_chart(result, output, metrics)
+        return
+    assert name is not None
+    _wait_and_report(_backend(ctx), name, timeout, None, (), output, metrics)
 
 
 @cli.command()
@@ -332,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except (TrainJobFailed, WaitTimeout, TrainflowError) as exc:
         click.echo(f"error: {clip(str(exc), 2 * MAX_ERROR_CHARS)}", err=True)
+        if isinstance(exc, QueueBudgetExceeded):
+            click.echo(f"still queued: `trainflow cancel {exc.result.name}` deletes the TrainJob", err=True)
         return EXIT_FAILED
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)

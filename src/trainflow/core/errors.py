@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,25 @@ def clip(text: str, limit: int) -> str:
         return text
     note = f"... [{len(text) - limit} more characters]"
     return text[: max(limit - len(note), 0)] + note
+
+
+def field_path(data: Any, loc: Sequence[int | str]) -> str:
+    """The user's field path (``env.A``, ``volumes[0].mount_path``) for a pydantic error location, without
+    pydantic's union and type tags."""
+    path, node = "", data
+    for part in loc:
+        if isinstance(node, Mapping) and part in node:
+            path += f".{part}" if path else str(part)
+            node = node[part]
+        elif isinstance(node, list | tuple) and isinstance(part, int) and part < len(node):
+            path += f"[{part}]"
+            node = node[part]
+        elif not path:
+            path = str(part)
+            node = None
+        else:
+            break
+    return path or "request"
 
 
 class TrainflowError(Exception):
@@ -97,6 +116,11 @@ class BackendError(TrainflowError):
 class Transient(BackendError):
     """The API server was unreachable, throttling (429) or failing (5xx) through every retry; a long wait keeps
     trying, a single call gives up."""
+
+
+class StateUnknown(Transient):
+    """A wait ended (its deadline passed) while the API server could not be reached: the job's state is unknown,
+    so it is neither reported as timed out nor cleaned up."""
 
 
 class NotFound(BackendError, LookupError):
@@ -184,3 +208,8 @@ class TrainJobFailed(TrainflowError):
                 tail if len(tail) <= MAX_ERROR_CHARS else "..." + tail[-MAX_ERROR_CHARS:]
             )
         super().__init__(text)
+
+
+class QueueBudgetExceeded(TrainJobFailed):
+    """The job waited for admission (Kueue) longer than its queue budget (``max_queue_seconds``); it never
+    started this time and is still queued: the adapter deletes it or keeps it as its cancel setting says."""

@@ -164,18 +164,22 @@ def function_command(
     policy: str | None,
     packages: Sequence[str] = (),
     index_urls: Sequence[str] = (),
+    forward_env: Sequence[str] = (),
 ) -> list[str]:
     """The argv that runs the function under the runtime's launcher (torchrun, mpirun, or python3).
 
     Packages are installed once per node before torchrun / python3 start; under mpirun each rank runs
-    the install step on its own node (the lock makes the ranks of one node share one install).
+    the install step on its own node (the lock makes the ranks of one node share one install). mpirun starts
+    the other nodes' ranks over SSH, where the pod's env is not: ``forward_env`` (the variables trainflow sets
+    on the launcher) goes to every rank with ``-x``.
     """
     run = ["python3", "-c", function_code(function), encode_kwargs(kwargs)]
     install = install_prefix(packages, index_urls) if packages else []
     if policy == "torch":
         return [*install, "torchrun", "--no-python", *run]
     if policy == "mpi":
-        return ["mpirun", "--hostfile", MPI_HOSTFILE, *install, *run]
+        exports = [arg for name in sorted(set(forward_env)) for arg in ("-x", name)]
+        return ["mpirun", "--hostfile", MPI_HOSTFILE, *exports, *install, *run]
     return [*install, *run]
 
 

@@ -1,7 +1,7 @@
 """Launching a TrainJob: one identity rule, one attempt rule and one adoption rule for every backend and adapter.
 
 ``launch(backend, request)`` looks at what earlier tries left (one LIST by the identity label), decides, and
-creates at most one TrainJob (one runtime read, one render):
+creates at most one TrainJob (one runtime read, cached by the backend, and one render):
 
 * a TrainJob of this identity still running (or queued) -> reattach to it;
 * one that completed with the same spec -> reuse it: nothing is created, its result stands (unless the
@@ -16,10 +16,18 @@ deterministic (``naming.derive_name(key, attempt)``), so a try that crashed afte
 A create that finds the name taken, or loses its answer, adopts what is there only if it is the same
 request (identity labels and the spec fields the Trainer makes immutable); anything else is a conflict.
 Airflow, KFP and the CLI all launch through here.
+
+Create first: when nothing can be there to adopt, the LIST is skipped and attempt 1 is created at once (one
+request); a name already taken sends the launch down the full rule above. That is the case for a request
+without identity, for a fixed name without a key (the name is the whole identity: a taken name is found by
+the create itself), and when the caller says this is the identity's first try (``first_try``: an Airflow
+task's try 1). A launch that may follow earlier tries lists first, so a later attempt still running is found
+even when attempt 1 was deleted (creating attempt 1 again would then run the request twice).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -163,6 +171,7 @@ def launch(
     dry_run: bool = False,
     before_create: Callable[[JobRef], None] | None = None,
     reuse_completed: bool = True,
+    first_try: bool = False,
 ) -> Launch:
     """Validate the request, then reattach, reuse or create, as the rules above say. See ``Launch``.
 
@@ -173,7 +182,7 @@ def launch(
     """
     req = parse_request(request)
     runtime = _runtime(backend, req)
-    launched = _launch(backend, req, runtime, dry_run, before_create, reuse_completed)
+    launched = _launch(backend, req, runtime, dry_run, before_create, reuse_completed, first_try)
     return replace(launched, runtime=runtime)
 
 
@@ -184,6 +193,7 @@ def _launch(
     dry_run: bool,
     before_create: Callable[[JobRef], None] | None,
     reuse_completed: bool,
+    first_try: bool = False,
 ) -> Launch:
     manifest = _build(backend, req, runtime, 1)
     namespace = str(manifest["metadata"].get("namespace") or backend.namespace)
@@ -194,6 +204,9 @@ def _launch(
         )
     if not req.idempotency_key and not req.name:
         return _create(backend, manifest, namespace, 1, (), before_create)
+    if first_try or not req.idempotency_key:  # nothing to adopt but what the create itself finds
+        with contextlib.suppress(_Taken):
+            return _create(backend, manifest, namespace, 1, (), before_create, adopt=False)
     candidates = _candidates(backend, req, manifest, namespace)
     previous = tuple(result_from_trainjob(c) for c in sorted(candidates, key=attempt_of))
     decision = decide(candidates, manifest, fixed_name=bool(req.name), reuse_completed=reuse_completed)
@@ -256,6 +269,10 @@ def _replace(backend: Backend, obj: Mapping[str, Any], namespace: str) -> None:
         time.sleep(0.5)
 
 
+class _Taken(Exception):
+    """A create-first found its name taken: the launch goes on with the full rule."""
+
+
 def _create(
     backend: Backend,
     manifest: dict[str, Any],
@@ -263,8 +280,11 @@ def _create(
     attempt: int,
     previous: tuple[TrainJobResult, ...],
     before_create: Callable[[JobRef], None] | None,
+    *,
+    adopt: bool = True,
 ) -> Launch:
-    """Create once; after AlreadyExists or a lost answer, adopt what is there only if it is this request."""
+    """Create once; after AlreadyExists or a lost answer, adopt what is there only if it is this request
+    (``adopt=False``: raise ``_Taken`` instead, for the caller's full rule)."""
     name = _name(manifest)
     if before_create is not None:
         before_create(JobRef(name=name, namespace=namespace))
@@ -274,9 +294,13 @@ def _create(
             return Launch(_ref(obj, namespace), attempt, False, JobState.CREATED, manifest, previous)
         except (AlreadyExists, OutcomeUnknown) as exc:
             log.info("create of TrainJob %s/%s: %s; looking at what exists", namespace, name, exc)
+            if not adopt and isinstance(exc, AlreadyExists):
+                raise _Taken from None
             existing = backend.read(namespace, name)
         if existing is None:
             continue  # deleted meanwhile, or the lost create never happened: create again
+        if not adopt:
+            raise _Taken
         meta = existing.get("metadata") or {}
         if meta.get("deletionTimestamp"):
             raise TrainJobConflict(

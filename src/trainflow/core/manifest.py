@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from trainflow.core import initializers, torchtune
 from trainflow.core.errors import FieldIssue, InvalidRequest
-from trainflow.core.function_trainer import encode_kwargs, function_command
+from trainflow.core.fields import request_field
+from trainflow.core.function_trainer import function_command
 from trainflow.core.naming import (
     API_VERSION,
     ATTEMPT_LABEL,
@@ -15,20 +15,21 @@ from trainflow.core.naming import (
     KEY_LABEL,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
+    MAX_QUEUE_ANNOTATION,
+    OUTPUT_URI_ANNOTATION,
     PATCH_MANAGER,
+    PRIORITY_CLASS_LABEL,
+    QUEUE_LABEL,
+    RETURNS_ANNOTATION,
     TRAINER_CONTAINER,
     derive_name,
     key_label,
     random_name,
 )
 from trainflow.core.request import TrainJobRequest
-from trainflow.core.result import OUTPUT_URI_ANNOTATION, RETURNS_ANNOTATION
-from trainflow.core.runtimes import Runtime
+from trainflow.core.runtimes import Runtime, node_count
 from trainflow.core.schema import schema_errors
 from trainflow.core.validation import OUTPUT_ENV, max_name_length, parse_request, validate_request
-
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-_PATCH_PATH = re.compile(r"^spec\.runtimePatches\[(?P<index>\d+)\](?P<rest>.*)$")
 
 
 def job_name(request: TrainJobRequest, runtime: Runtime, attempt: int = 1) -> str:
@@ -36,7 +37,7 @@ def job_name(request: TrainJobRequest, runtime: Runtime, attempt: int = 1) -> st
     if request.name:
         return request.name
     if request.idempotency_key:
-        nodes = request.num_nodes or runtime.default_num_nodes
+        nodes = node_count(request.num_nodes, runtime)
         return derive_name(request.idempotency_key, attempt, min(40, max_name_length(runtime, nodes)))
     return random_name()
 
@@ -63,6 +64,7 @@ def _trainer(request: TrainJobRequest, runtime: Runtime) -> dict[str, Any]:
             runtime.policy,
             request.packages_to_install,
             request.pip_index_urls,
+            [*request.env, *request.secret_env, *([OUTPUT_ENV] if request.output_uri else [])],
         )
     elif request.command is not None:
         trainer["command"] = list(request.command)
@@ -176,12 +178,16 @@ def build_trainjob(
     job_labels = dict(labels)
     if req.queue:
         job_labels[QUEUE_LABEL] = req.queue
+    if req.priority_class:
+        job_labels[PRIORITY_CLASS_LABEL] = req.priority_class
     metadata["labels"] = job_labels
     annotations = dict(req.annotations)
     if req.output_uri:
         annotations[OUTPUT_URI_ANNOTATION] = req.output_uri
     if req.function is not None:
         annotations[RETURNS_ANNOTATION] = "json"
+    if req.max_queue_seconds is not None:
+        annotations[MAX_QUEUE_ANNOTATION] = str(req.max_queue_seconds)
     if annotations:
         metadata["annotations"] = annotations
 
@@ -206,93 +212,20 @@ def build_trainjob(
     if req.deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = req.deadline_seconds
     manifest = {"apiVersion": API_VERSION, "kind": "TrainJob", "metadata": metadata, "spec": spec}
-    _check_schema(manifest, req, own_patches=1 if own else 0)
+    _check_schema(manifest, req)
     return manifest
 
 
-def _check_schema(manifest: dict[str, Any], req: TrainJobRequest, own_patches: int) -> None:
+def _check_schema(manifest: dict[str, Any], req: TrainJobRequest) -> None:
     """Hold the manifest to the CRD schema; each error names the request field it came from."""
     issues = []
     for path, message in schema_errors(manifest):
         issues.append(
             FieldIssue(
-                request_field(path, manifest, req, own_patches),
+                request_field(path, manifest, req),
                 message,
                 "compare with the TrainJob CRD (trainer.kubeflow.org/v1alpha1)",
             )
         )
     if issues:
         raise InvalidRequest(issues)
-
-
-_TRAINER_FIELDS = {
-    "image": "image",
-    "numNodes": "num_nodes",
-    "numProcPerNode": "proc_per_node",
-    "resourcesPerNode": "resources",
-}
-_POD_FIELDS = {
-    "nodeSelector": "node_selector",
-    "tolerations": "tolerations",
-    "imagePullSecrets": "image_pull_secrets",
-    "serviceAccountName": "service_account",
-    "volumes": "volumes",
-}
-_SPEC_FIELDS = {"activeDeadlineSeconds": "deadline_seconds", "suspend": "suspend", "runtimeRef": "runtime"}
-_INDEXED = re.compile(r"^\[(\d+)\](.*)$")
-_OWN_POD = re.compile(
-    r"^\.trainingRuntimeSpec\.template\.spec\.replicatedJobs\[\d+\]\.template\.spec\.template(?P<rest>.*)$"
-)
-
-
-def request_field(path: str, manifest: dict[str, Any], req: TrainJobRequest, own_patches: int) -> str:
-    """The request field (as the user wrote it) behind a manifest path such as ``spec.trainer.env[2].value``."""
-    if match := _PATCH_PATH.match(path):
-        index, rest = int(match["index"]), match["rest"]
-        if index >= own_patches:
-            return f"runtime_patches[{index - own_patches}]{rest}"
-        return _own_patch_field(rest)
-    if path.startswith("spec.trainer."):
-        return _trainer_field(path.removeprefix("spec.trainer."), manifest, req)
-    if path.startswith("spec.initializer."):
-        kind, _, rest = path.removeprefix("spec.initializer.").partition(".")
-        return f"{kind}_uri" if rest.startswith("storageUri") else f"{kind}_options"
-    head = path.removeprefix("spec.").split(".")[0].split("[")[0]
-    return _SPEC_FIELDS.get(head, path)
-
-
-def _own_patch_field(rest: str) -> str:
-    """A path inside the runtime patch trainflow writes for labels, annotations and pod settings."""
-    pod = _OWN_POD.match(rest)
-    inner = pod["rest"] if pod else rest.removeprefix(".trainingRuntimeSpec.template")
-    if inner.startswith(".metadata."):
-        return inner.removeprefix(".metadata.")
-    inner = inner.removeprefix(".spec.")
-    if inner.startswith("containers"):
-        mount = re.search(r"volumeMounts\[(\d+)\](.*)$", inner)
-        return f"volumes[{mount[1]}]" if mount else "volumes"
-    for key, field in _POD_FIELDS.items():
-        if inner.startswith(key):
-            return field + inner[len(key) :]
-    return "request"
-
-
-def _trainer_field(rest: str, manifest: dict[str, Any], req: TrainJobRequest) -> str:
-    trainer = (manifest.get("spec") or {}).get("trainer") or {}
-    head = re.split(r"[.\[]", rest, maxsplit=1)[0]
-    tail = rest[len(head) :]
-    if head in _TRAINER_FIELDS:
-        return _TRAINER_FIELDS[head] + tail
-    indexed = _INDEXED.match(tail)
-    if head == "env" and indexed:
-        item = (trainer.get("env") or [])[int(indexed[1])]
-        name = str(item.get("name"))
-        if name == OUTPUT_ENV:
-            return "output_uri"
-        return f"{'secret_env' if 'valueFrom' in item else 'env'}.{name}"
-    if head == "command" and req.function is not None:
-        item = (trainer.get("command") or [])[int(indexed[1])] if indexed else None
-        return "function_kwargs" if item == encode_kwargs(req.function_kwargs) else "function"
-    if head in ("command", "args"):
-        return head + tail
-    return head or "request"

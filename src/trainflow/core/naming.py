@@ -21,8 +21,13 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "trainflow"
 KEY_LABEL = "trainflow.dev/key"
 ATTEMPT_LABEL = "trainflow.dev/attempt"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # Kueue's LocalQueue of the job
+PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"  # Kueue's WorkloadPriorityClass of the job
+MAX_QUEUE_ANNOTATION = "trainflow.dev/max-queue-seconds"  # the queue budget, read by every waiter
 FIELD_MANAGER = "trainflow"
 PATCH_MANAGER = "trainflow.dev/trainflow"
+OUTPUT_URI_ANNOTATION = "trainflow.dev/output-uri"
+RETURNS_ANNOTATION = "trainflow.dev/returns"  # a function trainer: rank 0's log ends with its return value
 
 
 def stable_hash(text: str, length: int = 10) -> str:

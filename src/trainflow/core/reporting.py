@@ -1,9 +1,11 @@
 """Reporting from training code: ``report(metrics=..., progress=...)`` and ``output_dir()``.
 
 Where a report goes, in order: the Trainer's status server (``KUBEFLOW_TRAINER_SERVER_URL``, as
-``trainerStatus``), the local engine's job state (``TRAINFLOW_LOCAL_JOB_DIR``), else one structured
-``TRAINFLOW_REPORT {json}`` line on stdout that backends parse from rank 0's log. Only rank 0 reports
-locally. ``report`` never raises into training code; a failed delivery logs a warning.
+``trainerStatus``), the local engine's job state (``TRAINFLOW_LOCAL_JOB_DIR``: ``metrics.json``, and every
+report appended to ``reports.jsonl``), else one structured ``TRAINFLOW_REPORT {json}`` line on stdout that
+backends parse from rank 0's log. Only rank 0 reports. ``report`` never raises into training code; a failed
+delivery logs a warning. A report with progress and no ETA gets one extrapolated from this process's first
+progress report (the Trainer's ``estimatedRemainingSeconds``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import os
 import ssl
 import sys
+import time
 import urllib.request
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -33,8 +36,12 @@ MAX_RETURN_BYTES = 64 * 1024
 MAX_METRIC_CHARS = 64
 RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "JAX_PROCESS_ID", "DMLC_TASK_ID", "PET_NODE_RANK")
 
+MAX_ETA_SECONDS = 2**31 - 1  # the CRD's int32
+
 # Everything reported so far by this process: the status server replaces trainerStatus wholesale.
 _sent: dict[str, float | str] = {}
+_sent_progress: list[int] = []
+_first_progress: list[tuple[float, int]] = []  # (monotonic time, progress) of the first progress report
 
 
 def _now() -> str:
@@ -72,12 +79,31 @@ def _progress(progress: int | None) -> int | None:
     return None if progress is None else max(0, min(100, int(progress)))
 
 
-def _post(url: str, metrics: dict[str, float | str], progress: int | None) -> None:
+def _eta(progress: int | None, given: float | None) -> int | None:
+    """Seconds remaining: as given, else the rate since the first progress report carried to 100 %."""
+    if given is not None:
+        return max(0, min(MAX_ETA_SECONDS, round(given)))
+    if progress is None:
+        return None
+    now = time.monotonic()
+    if not _first_progress:
+        _first_progress.append((now, progress))
+    started, first = _first_progress[0]
+    if progress >= 100:
+        return 0
+    if progress <= first or now <= started:
+        return None
+    return min(MAX_ETA_SECONDS, round((now - started) * (100 - progress) / (progress - first)))
+
+
+def _post(url: str, metrics: dict[str, float | str], progress: int | None, eta: int | None) -> None:
     body: dict[str, Any] = {"lastUpdatedTime": _now()}
     if metrics:
         body["metrics"] = [{"name": k, "value": _text(v)} for k, v in metrics.items()]
     if progress is not None:
         body["progressPercentage"] = progress
+    if eta is not None:
+        body["estimatedRemainingSeconds"] = eta
     data = json.dumps({"trainerStatus": body}).encode()
     headers = {"Content-Type": "application/json"}
     token_file = os.environ.get(SERVER_TOKEN_ENV)
@@ -90,7 +116,11 @@ def _post(url: str, metrics: dict[str, float | str], progress: int | None) -> No
         response.read()
 
 
-def _write_local(jobdir: Path, metrics: dict[str, float | str], progress: int | None) -> None:
+def _write_local(
+    jobdir: Path, metrics: dict[str, float | str], progress: int | None, eta: int | None
+) -> None:
+    """Merge into ``metrics.json`` (what a read shows) and append the merged state to ``reports.jsonl``
+    (every report, in order, for the history), as the status server would replace trainerStatus."""
     from trainflow.core.local import store
 
     with store.locked(jobdir / store.METRICS_LOCK):
@@ -101,32 +131,46 @@ def _write_local(jobdir: Path, metrics: dict[str, float | str], progress: int | 
         state["metrics"] = merged
         if progress is not None:
             state["progressPercentage"] = progress
+        state.pop("estimatedRemainingSeconds", None)  # an ETA is only as fresh as its report
+        if eta is not None:
+            state["estimatedRemainingSeconds"] = eta
         state["lastUpdatedTime"] = store.now_iso()
+        store.append_line(jobdir / store.REPORTS_FILE, state)
         store.write_json(jobdir / store.METRICS_FILE, state)
 
 
-def report(metrics: Mapping[str, float | str] | None = None, progress: int | None = None) -> None:
-    """Report metrics (last value per name wins) and/or progress (0-100) of the running TrainJob.
+def report(
+    metrics: Mapping[str, float | str] | None = None,
+    progress: int | None = None,
+    eta_seconds: float | None = None,
+) -> None:
+    """Report metrics (last value per name wins), progress (0-100) and the estimated seconds remaining of the
+    running TrainJob (extrapolated from progress when not given).
 
     Safe to call from every rank: only rank 0's reports are kept. Never raises.
     """
     try:
         clean = _clean(metrics)
         pct = _progress(progress)
-        if not is_rank0() or (not clean and pct is None):
+        if not is_rank0() or (not clean and pct is None and eta_seconds is None):
             return
+        eta = _eta(pct, eta_seconds)
         url = os.environ.get(SERVER_URL_ENV)
         if url:
             _sent.update(clean)
-            _post(url, dict(_sent), pct)
+            if pct is not None:
+                _sent_progress[:] = [pct]
+            _post(url, dict(_sent), _sent_progress[0] if _sent_progress else None, eta)
             return
         jobdir = os.environ.get(LOCAL_JOB_ENV)
         if jobdir:
-            _write_local(Path(jobdir), clean, pct)
+            _write_local(Path(jobdir), clean, pct, eta)
             return
         line: dict[str, Any] = {"metrics": clean}
         if pct is not None:
             line["progress"] = pct
+        if eta is not None:
+            line["eta_seconds"] = eta
         sys.stdout.write(REPORT_PREFIX + json.dumps(line, sort_keys=True) + "\n")
         sys.stdout.flush()
     except Exception as exc:  # training must go on whatever happens to a report

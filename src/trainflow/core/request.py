@@ -19,6 +19,17 @@ from pydantic import (
 
 RuntimeKind = Literal["ClusterTrainingRuntime", "TrainingRuntime"]
 
+# Whole-number fields and the values a TrainJob allows: the model reads any whole number (``"+2"``, ``2.0``),
+# validation refuses what is out of range, and adapters check the same ranges before a run (Airflow at DAG parse).
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+COUNT_RANGES: dict[str, tuple[int, int]] = {
+    "num_nodes": (1, INT32_MAX),
+    "proc_per_node": (1, INT32_MAX),
+    "max_queue_seconds": (1, INT64_MAX),
+    "deadline_seconds": (1, INT64_MAX),
+}
+
 _SECRET_REF = re.compile(r"^(?P<name>[^/\s]+)/(?P<key>[^/\s]+)$")
 
 
@@ -217,9 +228,19 @@ class TrainJobRequest(BaseModel):
     )
 
     queue: str | None = Field(default=None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name)")
+    priority_class: str | None = Field(
+        default=None, description="Kueue WorkloadPriorityClass (label kueue.x-k8s.io/priority-class)"
+    )
     suspend: bool = Field(default=False, description="Create the TrainJob suspended")
+    max_queue_seconds: int | None = Field(
+        default=None,
+        description="Queue budget: how long the job may wait for admission each time it is queued (when "
+        "submitted, after a preemption); past it the wait fails and the step's finish action applies",
+    )
     deadline_seconds: int | None = Field(
-        default=None, description="spec.activeDeadlineSeconds of the TrainJob"
+        default=None,
+        description="Run budget: how long the job may run once admitted, counted from its latest start "
+        "(spec.activeDeadlineSeconds; the Trainer fails it with DeadlineExceeded)",
     )
 
     @field_validator("env", mode="before")

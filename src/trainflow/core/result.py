@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from trainflow.core.naming import ATTEMPT_LABEL
-
-OUTPUT_URI_ANNOTATION = "trainflow.dev/output-uri"
-RETURNS_ANNOTATION = "trainflow.dev/returns"  # a function trainer: rank 0's log ends with its return value
+from trainflow.core.history import EMPTY, History, HistoryPoint, finite
+from trainflow.core.naming import ATTEMPT_LABEL, QUEUE_LABEL
+from trainflow.core.naming import OUTPUT_URI_ANNOTATION as OUTPUT_URI_ANNOTATION
+from trainflow.core.naming import RETURNS_ANNOTATION as RETURNS_ANNOTATION
 
 
 class JobState(enum.StrEnum):
@@ -80,6 +80,12 @@ class TrainJobResult:
     labels: dict[str, str] = field(default_factory=dict)
     attempt: int | None = None
     return_value: Any = None  # a function trainer's return value (JSON), read when a wait ends Complete
+    queue: str | None = None  # Kueue's LocalQueue
+    preemptions: int = 0  # times Kueue preempted the job (its Workload's evictions for Preempted)
+    queued_seconds: float | None = None  # time spent waiting for admission (None: never suspended)
+    eta_seconds: float | None = None  # trainerStatus.estimatedRemainingSeconds, as last reported
+    reported_at: datetime | None = None  # trainerStatus.lastUpdatedTime: when the trainer last reported
+    history: History = EMPTY  # every distinct report a waiter saw, bounded (core/history.py)
 
     def __post_init__(self) -> None:
         if self.progress is not None and not 0 <= self.progress <= 100:
@@ -93,16 +99,27 @@ class TrainJobResult:
     def succeeded(self) -> bool:
         return self.state is JobState.COMPLETE
 
+    @property
+    def status_text(self) -> str:
+        """The state in one line for a log: a queued job says why it waits (Kueue's word), and preemptions."""
+        text = self.state.value
+        if self.state is JobState.QUEUED and self.message:
+            text += f": {self.message}"
+        if self.preemptions:
+            text += f" (preempted {self.preemptions} time{'s' if self.preemptions > 1 else ''})"
+        return text
+
     def replace(self, **changes: Any) -> TrainJobResult:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-compatible dict (ISO timestamps, string state)."""
-        out = dataclasses.asdict(self)
+        """Plain JSON-compatible dict (ISO timestamps, string state, the history as columns)."""
+        out = dataclasses.asdict(dataclasses.replace(self, history=EMPTY))
         out["state"] = self.state.value
-        for key in ("created_at", "started_at", "finished_at"):
+        for key in _TIMES:
             value = out[key]
             out[key] = value.isoformat().replace("+00:00", "Z") if value is not None else None
+        out["history"] = self.history.to_dict()
         return out
 
     @classmethod
@@ -111,12 +128,16 @@ class TrainJobResult:
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}
         values["state"] = JobState(values["state"])
-        for key in ("created_at", "started_at", "finished_at"):
-            values[key] = _parse_time(values.get(key))
+        for key in _TIMES:
+            values[key] = parse_time(values.get(key))
+        values["history"] = History.from_dict(values.get("history"))
         return cls(**values)
 
 
-def _parse_time(value: Any) -> datetime | None:
+_TIMES = ("created_at", "started_at", "finished_at", "reported_at")
+
+
+def parse_time(value: Any) -> datetime | None:
     if isinstance(value, datetime):
         return value
     if not value:
@@ -128,6 +149,9 @@ def _parse_time(value: Any) -> datetime | None:
         return datetime.fromisoformat(text)
     except ValueError:
         return None
+
+
+DEADLINE_EXCEEDED = "DeadlineExceeded"  # the Trainer's reason when spec.activeDeadlineSeconds passes
 
 
 def _condition(conditions: list[Mapping[str, Any]], kind: str) -> Mapping[str, Any] | None:
@@ -149,6 +173,32 @@ def metric_value(value: Any) -> float | str:
         return str(value)
 
 
+class TrainerReport:
+    """What ``status.trainerStatus`` says: the training code's latest report, as the Trainer stores it."""
+
+    __slots__ = ("eta_seconds", "metrics", "progress", "reported_at")
+
+    def __init__(self, trainer_status: Mapping[str, Any] | None) -> None:
+        ts = trainer_status if isinstance(trainer_status, Mapping) else {}
+        self.metrics: dict[str, float | str] = {}
+        for item in ts.get("metrics") or []:
+            if isinstance(item, Mapping) and item.get("name"):
+                self.metrics[str(item["name"])] = metric_value(item.get("value"))
+        progress, eta = finite(ts.get("progressPercentage")), finite(ts.get("estimatedRemainingSeconds"))
+        self.progress = int(progress) if progress is not None and 0 <= progress <= 100 else None
+        self.eta_seconds = eta if eta is not None and eta >= 0 else None
+        self.reported_at = parse_time(ts.get("lastUpdatedTime"))
+
+
+def report_point(source: TrainerReport, now: float) -> HistoryPoint | None:
+    """A report as a history point at its own time (``now`` when it carries none); None when it says nothing."""
+    numbers = {k: float(v) for k, v in source.metrics.items() if finite(v) is not None}
+    if not numbers and source.progress is None and source.eta_seconds is None and source.reported_at is None:
+        return None
+    when = source.reported_at.timestamp() if source.reported_at is not None else now
+    return HistoryPoint(when, source.progress, source.eta_seconds, numbers)
+
+
 def state_of(status: Mapping[str, Any]) -> tuple[JobState, Mapping[str, Any] | None]:
     """Derive the state (and the deciding condition) from a TrainJob status; unknown fields are ignored."""
     conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
@@ -165,10 +215,13 @@ def state_of(status: Mapping[str, Any]) -> tuple[JobState, Mapping[str, Any] | N
     return JobState.CREATED, None
 
 
-def result_from_trainjob(obj: Mapping[str, Any]) -> TrainJobResult:
+def result_from_trainjob(
+    obj: Mapping[str, Any], *, report: TrainerReport | None = None, history: History = EMPTY
+) -> TrainJobResult:
     """Read a TrainJob object (dict as the API returns it) into a TrainJobResult.
 
-    Tolerant of fields it does not know: a newer server never makes a status read fail.
+    Tolerant of fields it does not know: a newer server never makes a status read fail. A waiter passes the
+    ``trainerStatus`` it already read (``report``) and its history.
     """
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
@@ -178,40 +231,51 @@ def result_from_trainjob(obj: Mapping[str, Any]) -> TrainJobResult:
         state = JobState.QUEUED
     conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
 
-    created = _parse_time(meta.get("creationTimestamp"))
-    started = created
+    created = parse_time(meta.get("creationTimestamp"))
+    started, queued_seconds = created, None
     for cond in conditions:
         if cond.get("type") == "Suspended" and str(cond.get("status")) == "False":
-            started = _parse_time(cond.get("lastTransitionTime")) or started
-    finished = _parse_time(deciding.get("lastTransitionTime")) if state.terminal and deciding else None
+            started = parse_time(cond.get("lastTransitionTime")) or started
+            if started and created:  # resumed: queued from creation to its latest start (see kueue.py)
+                queued_seconds = max((started - created).total_seconds(), 0.0)
+    finished = parse_time(deciding.get("lastTransitionTime")) if state.terminal and deciding else None
     duration = (finished - started).total_seconds() if finished and started else None
 
-    trainer_status = status.get("trainerStatus") or {}
-    metrics: dict[str, float | str] = {}
-    for item in trainer_status.get("metrics") or []:
-        if isinstance(item, Mapping) and item.get("name"):
-            metrics[str(item["name"])] = metric_value(item.get("value"))
-    progress = trainer_status.get("progressPercentage")
+    if report is None:
+        report = TrainerReport(status.get("trainerStatus"))
 
     annotations = meta.get("annotations") or {}
     labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
     attempt_text = labels.get(ATTEMPT_LABEL, "")
     runtime_ref = spec.get("runtimeRef") or {}
+    reason = (deciding or {}).get("reason") if deciding else None
+    message = (deciding or {}).get("message") if deciding else None
+    deadline = spec.get("activeDeadlineSeconds")
+    if state is JobState.FAILED and reason == DEADLINE_EXCEEDED and deadline:
+        message = (
+            f"ran longer than its run budget, deadline_seconds={deadline} (spec.activeDeadlineSeconds, counted "
+            f"from its latest start): {message or 'deadline exceeded'}"
+        )
     return TrainJobResult(
         name=str(meta.get("name", "")),
         namespace=str(meta.get("namespace", "")),
         uid=meta.get("uid"),
         state=state,
-        reason=(deciding or {}).get("reason") if deciding else None,
-        message=(deciding or {}).get("message") if deciding else None,
+        reason=reason,
+        message=message,
         runtime=runtime_ref.get("name"),
         created_at=created,
         started_at=started,
         finished_at=finished,
         duration_seconds=max(duration, 0.0) if duration is not None else None,
-        progress=int(progress) if isinstance(progress, int | float) else None,
-        metrics=metrics,
+        progress=report.progress,
+        metrics=report.metrics,
+        eta_seconds=report.eta_seconds,
+        reported_at=report.reported_at,
+        history=history,
         output_uri=annotations.get(OUTPUT_URI_ANNOTATION),
         labels=labels,
         attempt=int(attempt_text) if attempt_text.isdigit() else None,
+        queue=labels.get(QUEUE_LABEL),
+        queued_seconds=queued_seconds,
     )

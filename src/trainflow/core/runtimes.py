@@ -82,7 +82,15 @@ class Runtime(BaseModel):
 
     @property
     def default_num_nodes(self) -> int:
-        return int(self.ml_policy.get("numNodes") or 1)
+        """The nodes of a TrainJob that sets no ``numNodes``: the Trainer's rule (runtime/core/trainingruntime.go):
+        ``mlPolicy.numNodes`` (1 when the policy omits it); a runtime without an ML policy keeps its trainer
+        job's ``parallelism`` (1 when unset)."""
+        if self.ml_policy:
+            value = self.ml_policy.get("numNodes")
+            return 1 if value is None else int(value)
+        job = self.ancestor_job("trainer") or {}
+        parallelism = ((job.get("template") or {}).get("spec") or {}).get("parallelism")
+        return 1 if parallelism is None else int(parallelism)
 
     @property
     def replicated_jobs(self) -> list[dict[str, Any]]:
@@ -161,6 +169,14 @@ def _load_yaml_documents(text: str) -> Iterable[dict[str, Any]]:
     for doc in yaml.load_all(text, Loader=SAFE_LOADER):
         if isinstance(doc, dict):
             yield doc
+
+
+def node_count(num_nodes: int | None, runtime: Runtime | None) -> int:
+    """How many nodes a TrainJob runs: its ``numNodes`` when set, else its runtime's default (the one rule every
+    check, name length, local run and log selection follows)."""
+    if num_nodes is not None:
+        return int(num_nodes)
+    return runtime.default_num_nodes if runtime is not None else 1
 
 
 @cache

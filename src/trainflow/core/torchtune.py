@@ -9,14 +9,13 @@ passes them on as args, ahead of the user's overrides.
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from trainflow.core.errors import FieldIssue
+from trainflow.core.quantity import quantity_value
 from trainflow.core.request import TrainJobRequest
-from trainflow.core.runtimes import Runtime
+from trainflow.core.runtimes import Runtime, node_count
 
 ENTRYPOINT = ["tune", "run"]
 # Set by the runtime (extractOverridesFromRuntime); the webhook refuses them in spec.trainer.args.
@@ -31,9 +30,6 @@ LORA_MODULES = "model.lora_attn_modules"
 QUANTIZE_BASE = "model.quantize_base"
 USE_DORA = "model.use_dora"
 DATASET_PATH = "/workspace/dataset"
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-_SCALE = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
-_SCALE.update({f"{k}i": float(1024**i) for i, k in enumerate("KMGTPE", start=1)})
 
 
 def model_of(runtime_name: str) -> str:
@@ -88,14 +84,6 @@ def recipe_and_config(
     return recipe, model + suffix
 
 
-def _quantity(value: Any) -> int:
-    """A Kubernetes quantity rounded up to a whole number, as resource.Quantity.Value() does."""
-    match = _QUANTITY.match(str(value).strip())
-    if not match:
-        return 0
-    return math.ceil(float(match[1]) * _SCALE.get(match[2] or "", 1.0))
-
-
 def gpus_per_node(request: TrainJobRequest, runtime: Runtime) -> int:
     """GPUs per node as the Trainer counts them: the TrainJob's resources, else the runtime's node container."""
     resources: Mapping[str, Any] | None = request.resources.requirements() if request.resources else None
@@ -104,7 +92,7 @@ def gpus_per_node(request: TrainJobRequest, runtime: Runtime) -> int:
     for part in ("requests", "limits"):
         for name, value in (resources.get(part) or {}).items():
             if "gpu" in name.lower():
-                count = _quantity(value)
+                count = quantity_value(value)
                 if count:
                     return count
                 break
@@ -118,7 +106,7 @@ def runtime_overrides(runtime: Runtime) -> list[str]:
     return [a for a in argv if "=" in a and not a.startswith("-") and _key(a) not in IMMUTABLE_CONFIGS]
 
 
-def _dataset_location(dataset_uri: str | None) -> str | None:
+def dataset_location(dataset_uri: str | None) -> str | None:
     """Where the dataset initializer puts a file or folder below the HF repo, as the Kubeflow SDK points at it."""
     if not dataset_uri or not dataset_uri.lower().startswith("hf://"):
         return None
@@ -132,7 +120,7 @@ def _dataset_location(dataset_uri: str | None) -> str | None:
 
 def render_args(runtime: Runtime, user_args: list[str], dataset_uri: str | None) -> list[str]:
     """Args for TorchTune mode: the runtime's dataset overrides the user does not replace, then the user's."""
-    location = _dataset_location(dataset_uri)
+    location = dataset_location(dataset_uri)
     own = [*([location] if location else []), *user_args]
     keys = {_key(a) for a in own if "=" in a}
     kept = []
@@ -192,7 +180,7 @@ def check(request: TrainJobRequest, runtime: Runtime) -> list[FieldIssue]:
                 "name the runtime torchtune-<model>-<size>, e.g. torchtune-llama3.2-1b",
             )
         )
-    nodes = request.num_nodes if request.num_nodes is not None else 1
+    nodes = node_count(request.num_nodes, runtime)
     if nodes > 1 and model not in MULTI_NODE_MODELS:
         issues.append(
             FieldIssue(

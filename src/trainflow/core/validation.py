@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainflow.core import credentials, initializers, patches, torchtune
-from trainflow.core.errors import FieldIssue, InvalidRequest
+from trainflow.core.errors import FieldIssue, InvalidRequest, field_path
 from trainflow.core.function_trainer import check_packages
 from trainflow.core.naming import (
     DNS_SUBDOMAIN,
@@ -20,11 +20,10 @@ from trainflow.core.naming import (
     NAME_PATTERN,
     label_key_problem,
 )
-from trainflow.core.request import SecretKeyRef, TrainJobRequest
-from trainflow.core.runtimes import Runtime
+from trainflow.core.quantity import is_quantity
+from trainflow.core.request import COUNT_RANGES, SecretKeyRef, TrainJobRequest
+from trainflow.core.runtimes import Runtime, node_count
 
-INT32_MAX = 2**31 - 1
-INT64_MAX = 2**63 - 1
 MAX_LIST = 128
 MAX_ARG_CHARS = 1_048_576
 MAX_REQUEST_CHARS = 1_572_864  # etcd's default object size limit (1.5 MiB): no bigger TrainJob can exist
@@ -34,7 +33,6 @@ ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 DNS_LABEL = NAME_PATTERN
 NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-QUANTITY = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
 RESOURCE_NAME = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
@@ -54,7 +52,7 @@ def parse_request(data: Mapping[str, Any] | TrainJobRequest) -> TrainJobRequest:
     except ValidationError as exc:
         issues: list[FieldIssue] = []
         for err in exc.errors():
-            field = _field_path(data, err["loc"])
+            field = field_path(data, err["loc"])
             fix = "remove it (unknown field)" if err["type"] == "extra_forbidden" else ""
             if not any(issue.field == field for issue in issues):
                 issues.append(FieldIssue(field, err["msg"], fix))
@@ -91,24 +89,6 @@ def check_expanded_size(data: Mapping[str, Any], limit: int = MAX_REQUEST_CHARS)
                     "a TrainJob must fit in one Kubernetes object",
                     "write the value out without anchors and aliases, or pass large data as a file",
                 )
-
-
-def _field_path(data: Any, loc: tuple[int | str, ...]) -> str:
-    """The user's field path for a pydantic error location, without pydantic's union/type tags."""
-    path, node = "", data
-    for part in loc:
-        if isinstance(node, Mapping) and part in node:
-            path += f".{part}" if path else str(part)
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-            path += f"[{part}]"
-            node = node[part]
-        elif not path:
-            path = str(part)
-            node = None
-        else:
-            break
-    return path or "request"
 
 
 def max_name_length(runtime: Runtime, num_nodes: int) -> int:
@@ -205,10 +185,10 @@ def _check_trainer(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
         c.issues += torchtune.check(req, runtime)
 
     c.issues += check_packages(req)
-    c.int_range("num_nodes", req.num_nodes, 1, INT32_MAX)
+    c.int_range("num_nodes", req.num_nodes, *COUNT_RANGES["num_nodes"])
     ppn = req.proc_per_node
     if isinstance(ppn, int):
-        c.int_range("proc_per_node", ppn, 1, INT32_MAX)
+        c.int_range("proc_per_node", ppn, *COUNT_RANGES["proc_per_node"])
     if runtime.policy == "mpi" and ppn == "auto":
         c.add("proc_per_node", "MPI runtimes need a number of slots per node", "give an integer >= 1")
     if runtime.policy == "xgboost" and ppn is not None:
@@ -221,9 +201,9 @@ def _check_resources(c: _Checker, req: TrainJobRequest) -> None:
     res = req.resources
     if res is None:
         return
-    if res.cpu is not None and not QUANTITY.match(str(res.cpu)):
+    if res.cpu is not None and not is_quantity(res.cpu):
         c.add("resources.cpu", f"{res.cpu!r} is not a quantity", "e.g. 2, 500m")
-    if res.memory is not None and not QUANTITY.match(res.memory):
+    if res.memory is not None and not is_quantity(res.memory):
         c.add("resources.memory", f"{res.memory!r} is not a quantity", "e.g. 4Gi, 512Mi")
     if not RESOURCE_NAME.match(res.gpu_resource):
         c.add("resources.gpu_resource", f"{res.gpu_resource!r} is not a resource name", "e.g. nvidia.com/gpu")
@@ -231,7 +211,7 @@ def _check_resources(c: _Checker, req: TrainJobRequest) -> None:
         for name, value in (getattr(res, part) or {}).items():
             if not RESOURCE_NAME.match(name):
                 c.add(f"resources.{part}.{name}", "is not a resource name")
-            if not QUANTITY.match(str(value)):
+            if not is_quantity(value):
                 c.add(f"resources.{part}.{name}", f"{value!r} is not a quantity", "e.g. 2, 500m, 4Gi")
 
 
@@ -329,15 +309,16 @@ def _check_patches(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
         c.dns_subdomain(f"image_pull_secrets[{i}]", secret)
         if secret in req.image_pull_secrets[:i]:
             c.add(f"image_pull_secrets[{i}]", f"{secret!r} is listed twice", "list each Secret once")
-    if req.queue is not None and (
-        len(req.queue) > 63 or not LABEL_VALUE_PATTERN.match(req.queue) or not req.queue
-    ):
-        c.add("queue", f"{req.queue!r} is not a valid LocalQueue name", "lowercase a-z, 0-9, '-'")
-    c.int_range("deadline_seconds", req.deadline_seconds, 1, INT64_MAX)
+    for fname, kind in (("queue", "LocalQueue"), ("priority_class", "WorkloadPriorityClass")):
+        value = getattr(req, fname)  # Kueue's webhook holds both labels to DNS-subdomain object names
+        if value is not None and (len(value) > 63 or not DNS_SUBDOMAIN.match(value)):
+            c.add(fname, f"{value[:80]!r} is not a valid {kind} name", "lowercase a-z, 0-9, '-', '.'; <= 63")
+    c.int_range("max_queue_seconds", req.max_queue_seconds, *COUNT_RANGES["max_queue_seconds"])
+    c.int_range("deadline_seconds", req.deadline_seconds, *COUNT_RANGES["deadline_seconds"])
 
 
 def check_identity(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
-    nodes = req.num_nodes or runtime.default_num_nodes
+    nodes = node_count(req.num_nodes, runtime)
     limit = max_name_length(runtime, max(nodes, 1))
     if req.name is not None:
         if not NAME_PATTERN.match(req.name):

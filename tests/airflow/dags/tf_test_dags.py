@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG, task
+from airflow.providers.common.compat.sdk import DAG, task
 
 from trainflow.airflow import TrainJobOperator, TrainJobSensor
 
 START = datetime(2026, 1, 1)
 RUNTIME = "jax-distributed"  # function trainers run as plain `python3 -c` here: fast to start
+MODELS = os.path.join(os.environ.get("TRAINFLOW_HOME", "/tmp"), "models")
 
 
-def sleeper(seconds: float = 1.0, marker: str = "", fail_first: bool = False, gate: str = "") -> None:
-    """Sleep, then report; with fail_first, the first attempt (no marker file yet) exits with 4; with a
-    gate, sleep only until that file exists (at most ``seconds``)."""
+def sleeper(seconds: float = 1.0, marker: str = "", fail_first: bool = False, gate: str = "") -> dict:
+    """Sleep, then report and return what it did; with fail_first, the first attempt (no marker file yet)
+    exits with 4; with a gate, sleep only until that file exists (at most ``seconds``)."""
     import os
     import time
 
@@ -30,6 +32,7 @@ def sleeper(seconds: float = 1.0, marker: str = "", fail_first: bool = False, ga
     while time.time() < end and not (gate and os.path.exists(gate)):
         time.sleep(min(0.2, max(0.0, end - time.time())))
     report(metrics={"slept": float(seconds)}, progress=100)
+    return {"slept": float(seconds)}
 
 
 with DAG(
@@ -44,6 +47,7 @@ with DAG(
         runtime=RUNTIME,
         function=sleeper,
         function_kwargs={"seconds": "{{ params.seconds }}", "gate": "{{ params.gate }}"},
+        output_uri=f"file://{MODELS}/{{{{ dag.dag_id }}}}/{{{{ ds_nodash }}}}",
         deferrable=False,
     )
 

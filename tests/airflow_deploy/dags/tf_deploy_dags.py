@@ -9,8 +9,9 @@ processes: quick to start. The ``tf_conv_*`` DAGs use the operator's defaults, a
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
-from airflow.sdk import DAG, task
+from airflow.providers.common.compat.sdk import DAG, task
 
 from trainflow.airflow import TrainJobOperator
 
@@ -43,16 +44,21 @@ def train_steps(steps: int = 5, step_seconds: float = 1.0, loss0: float = 2.0) -
     report(metrics={"loss": round(loss, 4), "steps": int(steps)}, progress=100)
 
 
-def steps_task(**kwargs: object) -> TrainJobOperator:
-    """The local-engine TrainJob of the defer and worker DAGs: ``params.steps`` one-second-ish steps."""
+def trainer_task(function: object, **kwargs: object) -> TrainJobOperator:
+    """The local-engine TrainJob of the deployment's DAGs: ``function`` for ``params.steps`` paced steps."""
     return TrainJobOperator(
         task_id="train",
         runtime=RUNTIME,
-        function=train_steps,
+        function=function,
         function_kwargs={"steps": "{{ params.steps }}", "step_seconds": "{{ params.step_seconds }}"},
         execution_timeout=timedelta(minutes=10),
         **kwargs,
     )
+
+
+def steps_task(**kwargs: object) -> TrainJobOperator:
+    """The TrainJob of the defer and worker DAGs: ``params.steps`` one-second-ish steps."""
+    return trainer_task(train_steps, **kwargs)
 
 
 PARAMS = {
@@ -134,14 +140,131 @@ with DAG("tf_conv_decorator", **PARAMS):
     check(fit(lr=0.01))
 
 with enable_lineage(
-    DAG("tf_conv_assets", params={"dataset": "file:///tmp/dataset", "output": "file:///tmp/model"}, **PARAMS)
+    DAG(
+        "tf_conv_assets",
+        params={"dataset": "file:///tmp/dataset", "output": "file:///tmp/model", "steps": 1},
+        **PARAMS,
+    )
 ):
-    # templated URIs: the output asset is recorded at run time through the trainflow-output alias
+    # templated URIs: the output asset is recorded at run time through the trainflow-output alias (deferred
+    # runs, as the floor suite's default makes them, pass steps=12: see docs/airflow.md on short triggers)
     TrainJobOperator(
         task_id="train",
         runtime=RUNTIME,
         function=train_steps,
-        function_kwargs={"steps": 1, "step_seconds": 0.1},
+        function_kwargs={"steps": "{{ params.steps }}", "step_seconds": 1.0},
         dataset_uri="{{ params.dataset }}",
         output_uri="{{ params.output }}",
     )
+
+with DAG(
+    "tf_deploy_faults",
+    schedule=None,
+    start_date=START,
+    params={"conn_id": "tf_testbed"},
+    tags=["trainflow-deploy"],
+):
+    # a deferred TrainJob on the connection the test names (test_deploy_faults.py: a scripted API server);
+    # the operator's defaults otherwise (on_kill_action="delete", stream_logs=True)
+    TrainJobOperator(
+        task_id="train",
+        conn_id="{{ params.conn_id }}",
+        runtime="torch-distributed",
+        image=IMAGE,
+        command=["torchrun", "train.py"],
+        num_nodes=1,
+        deferrable=True,
+        execution_timeout=timedelta(seconds=150),
+    )
+
+# --- Kueue (a testbed started with --kueue; tests/airflow_deploy/test_deploy_kueue.py makes the queues) ------
+KUEUE_PARAMS = {"namespace": "default", "queue": "team", "delay": "3s"}
+
+
+KUEUE_JOB: dict[str, Any] = {  # a kwok TrainJob through the test's LocalQueue, deferred
+    "conn_id": "tf_testbed",
+    "namespace": "{{ params.namespace }}",
+    "runtime": "torch-distributed",
+    "image": IMAGE,
+    "command": ["torchrun", "train.py"],
+    "num_nodes": 1,
+    "kueue_queue": "{{ params.queue }}",
+    "annotations": {KWOK_COMPLETE_DELAY: "{{ params.delay }}"},
+    "deferrable": True,
+    "execution_timeout": timedelta(minutes=20),
+}
+
+
+def kueue_task(**kwargs: object) -> TrainJobOperator:
+    return TrainJobOperator(task_id="train", **KUEUE_JOB, **kwargs)
+
+
+with DAG(
+    "tf_deploy_kueue_sweep", schedule=None, start_date=START, params=KUEUE_PARAMS, tags=["trainflow-deploy"]
+):
+    # 40 deferred tasks through a ClusterQueue that fits 4 one-CPU jobs
+    TrainJobOperator.partial(task_id="train", resources_per_node={"cpu": 1}, **KUEUE_JOB).expand(
+        args=[["--seed", str(i)] for i in range(40)]
+    )
+
+with DAG(
+    "tf_deploy_kueue_low", schedule=None, start_date=START, params=KUEUE_PARAMS, tags=["trainflow-deploy"]
+):
+    # low priority, the whole queue: a high-priority job preempts it while the task is deferred
+    kueue_task(resources_per_node={"cpu": 4}, priority_class="trainflow-low")
+
+with DAG(
+    "tf_deploy_kueue_budget", schedule=None, start_date=START, params=KUEUE_PARAMS, tags=["trainflow-deploy"]
+):
+    # larger than the queue: never admitted; the queue budget gives up on it (on_kill_action deletes it)
+    kueue_task(resources_per_node={"cpu": 8}, max_queue_seconds=20)
+
+
+def train_paced(steps: int = 20, step_seconds: float = 1.0) -> None:
+    """Reports loss, accuracy and progress every step, paced, so a page shows it live (the ETA extrapolated)."""
+    import time
+
+    from trainflow.core.reporting import report
+
+    for i in range(int(steps)):
+        time.sleep(float(step_seconds))
+        loss = 2.0 * 0.85**i
+        print(f"step {i + 1}/{steps} loss {loss:.4f}", flush=True)
+        report(
+            metrics={"loss": round(loss, 5), "accuracy": round(1 - loss / 2.5, 4)},
+            progress=(i + 1) * 100 // int(steps),
+        )
+
+
+def paced_task(**kwargs: object) -> TrainJobOperator:
+    return trainer_task(train_paced, **kwargs)
+
+
+try:  # the plugins folder (tests/airflow_deploy/plugins) is on every process's path in the deploy suite
+    import tf_callbacks
+except ImportError:  # another deployment (the floor's) without it
+    tf_callbacks = None
+
+if tf_callbacks is not None:
+    with DAG("tf_deploy_page", params={"steps": 20, "step_seconds": 1.5}, **PARAMS):
+        # deferred: the update callback runs in the triggerer, the result callback once on the worker (a retry
+        # covers a try the executor loses before it starts, as a loaded API server can make it)
+        paced_task(
+            deferrable=True,
+            retries=2,
+            retry_delay=timedelta(seconds=2),
+            on_update_callback=tf_callbacks.record_update,
+            on_result_callback=tf_callbacks.record_result,
+        )
+
+    with DAG("tf_deploy_bad_callbacks", params={"steps": 6, "step_seconds": 0.5}, **PARAMS):
+        # callbacks that fail or hang never fail or hang the task (each call bounded by callback_timeout)
+        paced_task(
+            deferrable=True,
+            on_update_callback="tf_callbacks.raise_update",
+            on_result_callback=tf_callbacks.hang_result,
+            callback_timeout=5,
+        )
+
+    with DAG("tf_deploy_hung_update", params={"steps": 6, "step_seconds": 0.5}, **PARAMS):
+        paced_task(deferrable=True, on_update_callback="tf_callbacks.hang_update", callback_timeout=3)

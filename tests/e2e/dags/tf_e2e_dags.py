@@ -15,7 +15,7 @@ from trainflow.airflow import TrainJobOperator
 
 START = datetime(2026, 1, 1)
 IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
-# kwok Stages set up by testbed/testbed.py: the label fails a pod with the annotation's exit code.
+# kwok Stages set up by testbed/kwok.py: the label fails a pod with the annotation's exit code.
 KWOK_FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
 KWOK_EXIT_CODE = "pod-container-running-failed.stage.kwok.x-k8s.io/exit-code"
 # pods run this long, so the trigger's watch (which starts after the deferral) sees them Running

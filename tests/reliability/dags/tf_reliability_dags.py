@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG
+from airflow.providers.common.compat.sdk import DAG
 
 from trainflow.airflow import TrainJobOperator
 

@@ -13,6 +13,7 @@ def train_job(
     model: dsl.Output[dsl.Model],
     metrics: dsl.Output[dsl.Metrics],
     summary: dsl.Output[dsl.Markdown],
+    report: dsl.Output[dsl.HTML],
     task_config: dsl.TaskConfig,
     runtime: str = "torch-distributed",
     runtime_kind: str = "ClusterTrainingRuntime",
@@ -31,6 +32,9 @@ def train_job(
     output_uri: Optional[str] = None,
     labels: Optional[dict] = None,
     name: Optional[str] = None,
+    queue: Optional[str] = None,
+    priority_class: Optional[str] = None,
+    max_queue_seconds: int = 0,
     deadline_seconds: int = 0,
     backend: str = "kubernetes",
     namespace: Optional[str] = None,
@@ -44,27 +48,35 @@ def train_job(
     workspace_path: Optional[str] = None,
     forward_task_config: bool = True,
     stream_logs: bool = True,
+    log_steps: Optional[list] = None,
     extra: Optional[dict] = None,
     backend_config: Optional[dict] = None,
     dashboard_url_template: Optional[str] = None,
     dataset: Optional[dsl.Input[dsl.Dataset]] = None,
-) -> NamedTuple("TrainJobOutputs", [("job_name", str), ("namespace", str), ("state", str)]):
-    """Run a Kubeflow Trainer TrainJob (or reattach to it on retry), wait, and publish Model, Metrics and a
-    Markdown summary.
+) -> NamedTuple("TrainJobOutputs", [("job_name", str), ("namespace", str), ("state", str), ("result", str)]):
+    """Run a Kubeflow Trainer TrainJob (or reattach to it on retry), wait, and publish Model, Metrics, a
+    Markdown summary, an HTML report (the job summary with loss/metrics and progress charts, self-contained)
+    and the result JSON (metrics, the metrics history, a function trainer's return_value).
 
-    The TrainJob's identity comes from the step's output artifact folder (one per run and task, the same on
-    retries) unless idempotency_key, name or run_id/task_name are given. SIGTERM deletes the TrainJob unless
-    on_cancel='keep'. A Failed TrainJob fails the step.
+    The TrainJob's identity comes from the step's output artifact folder (one per task execution, the same on
+    retries; run_id/task_name only label it) unless idempotency_key or name is given. SIGTERM deletes the
+    TrainJob unless on_cancel='keep'. A Failed TrainJob fails the step.
     """
     params = {
         k: v
         for k, v in locals().items()
-        if k not in ("model", "metrics", "summary", "dataset", "task_config")
+        if k not in ("model", "metrics", "summary", "report", "dataset", "task_config")
     }
     from trainflow.kfp.runner import run_train_job
 
     return run_train_job(
-        params, model=model, metrics=metrics, dataset=dataset, task_config=task_config, summary=summary
+        params,
+        model=model,
+        metrics=metrics,
+        dataset=dataset,
+        task_config=task_config,
+        summary=summary,
+        report=report,
     )
 
 

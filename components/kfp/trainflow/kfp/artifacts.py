@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -117,6 +118,15 @@ def publish(
 
 
 def log_metrics(metrics: Any | None, values: Mapping[str, Any]) -> None:
-    if metrics is not None:
-        for metric, value in sorted(numeric_metrics(values).items()):
-            metrics.log_metric(metric, value)
+    """One ``log_metric`` per numeric metric (the UI shows them), and the same as JSON in the artifact's file: a
+    Metrics artifact without a file is missing from the object store, and kfp.local never serves a cache entry
+    that names a missing artifact."""
+    if metrics is None:
+        return
+    numeric = numeric_metrics(values)
+    for metric, value in sorted(numeric.items()):
+        metrics.log_metric(metric, value)
+    path = getattr(metrics, "path", None)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(numeric, sort_keys=True), encoding="utf-8")

@@ -3,7 +3,8 @@
 Each component body is a shim: KFP embeds only the function source, so the body imports
 ``trainflow.kfp.runner`` inside the container. The default image is trainflow's KFP step image (``make images``),
 which has trainflow and kfp installed: nothing is installed when a step starts. The ``make_*_component``
-factories choose another image, or packages to pip-install at start.
+factories choose another image, or packages to pip-install at start. Every task of these components starts with
+KFP's execution cache off (``trainflow.kfp.caching``); ``task.set_caching_options(True)`` opts in.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from kfp import dsl
 from trainflow.kfp import _bodies
+from trainflow.kfp.caching import uncached
 
 IMAGE_REPOSITORY = "ghcr.io/trainflow/trainflow-kfp"
 IMAGE_ENV = "TRAINFLOW_KFP_IMAGE"  # a mirror of the step image, for the default components
@@ -54,7 +56,7 @@ def _decorate(
     pip_index_urls: Sequence[str] | None = None,
     task_config_passthroughs: Sequence[Any] | None = None,
 ) -> Any:
-    return dsl.component(
+    component = dsl.component(
         func,
         base_image=base_image,
         packages_to_install=list(packages_to_install) if packages_to_install else None,
@@ -62,6 +64,7 @@ def _decorate(
         install_kfp_package=install_kfp_package,
         task_config_passthroughs=list(task_config_passthroughs) if task_config_passthroughs else None,
     )
+    return uncached(component)  # a cache hit would train nothing / return a stale state: opt-in per task
 
 
 def make_train_job_component(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import threading
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -18,47 +18,64 @@ from typing import Any
 from trainflow.kfp import summary as step_summary
 from trainflow.kfp.artifacts import ArtifactLike, dataset_field, log_metrics, publish, result_metadata
 from trainflow.kfp.cancellation import cancel_on_sigterm
-from trainflow.kfp.params import build_request_fields, clean, identity_key, invalid, resolved
+from trainflow.kfp.identity import step_identity
+from trainflow.kfp.params import build_request_fields, clean, invalid, resolved
 from trainflow.kfp.steplog import fail, log
 from trainflow.kfp.task_config import WORKSPACE_MOUNT, apply_task_config, workspace_volume
 
 # not part of the identity: how the step waits and reports, not what the TrainJob is
-STEP_ONLY = ("run_id", "task_name", "timeout", "on_cancel", "stream_logs", "dashboard_url_template")
+STEP_ONLY = (
+    "run_id",
+    "task_name",
+    "timeout",
+    "on_cancel",
+    "stream_logs",
+    "log_steps",
+    "dashboard_url_template",
+)
+STEP_NAME = re.compile(r"node-\d+|dataset-initializer|model-initializer")
 
 
 def _backend(backend: str, namespace: str | None, backend_config: Mapping[str, Any] | None) -> Any:
+    """The step's backend and namespace over its ``backend_config`` (get_backend's keywords), by the core's
+    one rule (``trainflow.core.connection``)."""
     from trainflow.core import get_backend
+    from trainflow.core.connection import connection_config
 
-    config = dict(backend_config or {})
-    if namespace:
-        config.setdefault("namespace", namespace)
-    return get_backend(backend or "kubernetes", **config)
+    name, config = connection_config(
+        {"backend": backend, "namespace": namespace},
+        backend_config,
+        connection_names="arguments",
+        connection_subject="backend_config",
+    )
+    return get_backend(name, **config)
 
 
 def _on_update_printer() -> Callable[[Any], None]:
     last: dict[str, Any] = {}
 
     def on_update(result: Any) -> None:
-        seen = (result.state, result.progress)
+        seen = (result.status_text, result.progress)  # a queued job's Kueue reason is news too
         if last.get("seen") != seen:
             last["seen"] = seen
             progress = f" progress={result.progress}%" if result.progress is not None else ""
-            log(f"TrainJob {result.namespace}/{result.name}: {result.state.value}{progress}")
+            log(f"TrainJob {result.namespace}/{result.name}: {result.status_text}{progress}")
 
     return on_update
 
 
-def stream_logs(be: Any, ref: Any, step: str = "node-0") -> threading.Thread:
-    """Follow the rank-0 log into the step log (best effort, daemon thread: never blocks the outcome)."""
+def step_log_sink(steps: Any = None) -> Any:
+    """The output of ``steps`` (rank 0 when None: ``node-N``, ``dataset-initializer``, ``model-initializer``)
+    into the step log, as the wait follows it (best effort: never blocks the outcome)."""
+    from trainflow.core.logsink import LogSink
 
-    def follow() -> None:
-        with contextlib.suppress(Exception):
-            for line in be.logs(ref, follow=True, step=step):
-                print(f"[{step}] {line.rstrip()}", flush=True)
-
-    thread = threading.Thread(target=follow, name=f"trainflow-logs-{step}", daemon=True)
-    thread.start()
-    return thread
+    chosen = list(steps) if steps else ["node-0"]
+    for step in chosen:
+        if not isinstance(step, str) or not STEP_NAME.fullmatch(step):
+            raise invalid(
+                "log_steps", f"{step!r} is not a step", "use node-N, dataset-initializer, model-initializer"
+            )
+    return LogSink(lambda step, line: print(f"[{step}] {line}", flush=True), chosen, max_lines=1_000_000)
 
 
 def _print_logs(be: Any, ref: Any, tail: int = 50) -> None:
@@ -81,8 +98,8 @@ def request_fields(
 ) -> dict[str, Any]:
     """Every input of the step as request fields, with the retry-stable identity; InvalidRequest if none.
 
-    ``artifact_uri`` is one of the step's output artifact URIs: without explicit keys the identity comes from
-    its folder (``params.identity_key``).
+    ``artifact_uri`` is one of the step's output artifact URIs: its folder is part of the identity unless an
+    ``idempotency_key`` is given (``identity.step_identity``).
     """
     fields = build_request_fields(params)
     if task_config is not None and params.get("forward_task_config", True):
@@ -97,21 +114,24 @@ def request_fields(
         v.get("claim_name") == pvc["claim_name"] for v in fields.get("volumes") or []
     ):
         fields["volumes"] = [*(fields.get("volumes") or []), pvc]
-    key = identity_key(
+    identity = step_identity(
         idempotency_key=params.get("idempotency_key"),
         run_id=params.get("run_id"),
         task_name=params.get("task_name"),
         params={k: v for k, v in params.items() if k not in STEP_ONLY},
         artifact_uri=artifact_uri,
     )
+    key = identity.key
+    if identity.warning and not fields.get("name"):
+        log(f"WARNING: {identity.warning}")
     if key and not fields.get("name"):
         fields["idempotency_key"] = key
     if not key and not fields.get("name"):
         raise invalid(
             "run_id",
             "no identity for the TrainJob: a retried step would start a second job",
-            "run it as a KFP step (its output artifacts identify it), or pass idempotency_key, name, or "
-            "run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER and task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER",
+            "run it as a KFP step (its output artifacts identify it), or pass idempotency_key or name (or "
+            "run_id and task_name) naming this step",
         )
     if pvc is not None and not fields.get("output_uri"):
         ws = resolved(params.get("workspace_path")) or WORKSPACE_MOUNT
@@ -129,15 +149,23 @@ def run_train_job(
     dataset: ArtifactLike | None = None,
     task_config: Any | None = None,
     summary: ArtifactLike | None = None,
-) -> tuple[str, str, str]:
-    """Run (or reattach to) one TrainJob and fill the Model/Metrics/summary artifacts; returns (name, namespace,
-    state). Bad input fails the step (naming the field) before anything is submitted; a Failed job exits 1.
+    report: ArtifactLike | None = None,
+) -> tuple[str, str, str, str]:
+    """Run (or reattach to) one TrainJob and fill the Model/Metrics/summary/report artifacts; returns (name,
+    namespace, state, result JSON with the metrics, the history and a function's return value). Bad input fails
+    the step (naming the field) before anything is submitted; a Failed job exits 1.
     """
     from trainflow.core import InvalidRequest
 
     try:
         return _run_train_job(
-            params, model=model, metrics=metrics, dataset=dataset, task_config=task_config, summary=summary
+            params,
+            model=model,
+            metrics=metrics,
+            dataset=dataset,
+            task_config=task_config,
+            summary=summary,
+            report=report,
         )
     except InvalidRequest as exc:
         raise fail(f"{exc}; nothing was submitted") from None
@@ -151,8 +179,9 @@ def _run_train_job(
     dataset: ArtifactLike | None,
     task_config: Any | None,
     summary: ArtifactLike | None,
-) -> tuple[str, str, str]:
-    from trainflow.core import TrainJobFailed, WaitTimeout, parse_request
+    report: ArtifactLike | None = None,
+) -> tuple[str, str, str, str]:
+    from trainflow.core import QueueBudgetExceeded, TrainJobFailed, WaitTimeout, parse_request
     from trainflow.core.lifecycle import launch
 
     started = time.monotonic()
@@ -162,6 +191,7 @@ def _run_train_job(
     timeout = clean(params.get("timeout"))
     if timeout is not None and timeout <= 0:
         raise invalid("timeout", f"{timeout} is not positive", "give seconds > 0, or leave it unset")
+    sink = step_log_sink(clean(params.get("log_steps"))) if params.get("stream_logs", True) else None
     request = parse_request(
         request_fields(
             params, dataset, task_config, getattr(model, "uri", None) or getattr(metrics, "uri", None)
@@ -205,22 +235,22 @@ def _run_train_job(
         log(
             f"{launched.summary} (runtime {request.runtime}, backend {be.name}, key {request.idempotency_key or '-'})"
         )
-        if launched.reused:
-            result = be.get(ref)
-        else:
-            follower = stream_logs(be, ref) if params.get("stream_logs", True) else None
-            try:
-                result = be.wait(ref, timeout=timeout, raise_on_failure=True, on_update=_on_update_printer())
-            except TrainJobFailed as exc:
-                if follower is None:
-                    _print_logs(be, ref)
-                else:
-                    follower.join(timeout=5)
-                raise fail(str(exc)) from None
-            except WaitTimeout as exc:
-                raise fail(f"{exc} (timeout={timeout}s); raise 'timeout' or check the job") from None
-            if follower is not None:
-                follower.join(timeout=5)  # let the last lines through
+        # a reused (completed) job is waited on too: the wait reads what a fresh run's wait reads (metrics from
+        # trainerStatus or rank 0's log, the function's return value); a plain read would miss them
+        logs = None if launched.reused else sink
+        try:
+            result = be.wait(
+                ref, timeout=timeout, raise_on_failure=True, on_update=_on_update_printer(), logs=logs
+            )
+        except QueueBudgetExceeded as exc:  # the step gives up on it, as when it is cancelled (on_cancel)
+            cancel()
+            raise fail(str(exc)) from None
+        except TrainJobFailed as exc:
+            if logs is None:
+                _print_logs(be, ref)
+            raise fail(str(exc)) from None
+        except WaitTimeout as exc:
+            raise fail(f"{exc} (timeout={timeout}s); raise 'timeout' or check the job") from None
     if not result.succeeded:  # never green for a job that did not complete
         raise fail(f"TrainJob {ref} ended {result.state.value}: {result.reason or ''} {result.message or ''}")
     log(f"TrainJob {ref} Complete; metrics={json.dumps(result.metrics, sort_keys=True)}")
@@ -232,17 +262,32 @@ def _run_train_job(
         launched=launched.summary,
         framework=result_metadata(result, launched.runtime).get("framework"),
         model=model.metadata if model is not None else None,
+        report=report,
     )
     log(f"step done in {time.monotonic() - started:.1f}s" + (f"; TrainJob page: {link}" if link else ""))
-    return result.name, result.namespace, result.state.value
+    return result.name, result.namespace, result.state.value, json.dumps(result.to_dict(), sort_keys=True)
 
 
-def _summarize(summary: ArtifactLike | None, result: Any, *, template: str | None, **details: Any) -> str:
-    """Write the Markdown summary artifact; returns the dashboard link ("" without a template)."""
+def _summarize(
+    summary: ArtifactLike | None,
+    result: Any,
+    *,
+    template: str | None,
+    report: ArtifactLike | None = None,
+    **details: Any,
+) -> str:
+    """Write the Markdown summary and the HTML report artifacts; returns the dashboard link ("" without a
+    template)."""
     from trainflow.core.links import dashboard_url
 
     link = dashboard_url(step_summary.dashboard_template(template), result.name, result.namespace, result.uid)
     step_summary.write(summary, step_summary.render(result, link=link, **details))
+    if report is not None:
+        from trainflow.core import job_page
+
+        notes = [n for n in (details.get("launched"), link and f"TrainJob page: {link}") if n]
+        step_summary.write(report, job_page.render(result, notes=notes))
+        log(f"HTML report: {len(result.history)} history points of {result.history.seen} reports")
     return link
 
 

@@ -57,6 +57,12 @@ def render(
         rows.append(("launch", _text(launched)))
     if result.duration_seconds is not None:
         rows.append(("duration", f"{result.duration_seconds:.1f} s"))
+    if result.queue:
+        rows.append(("Kueue LocalQueue", _code(result.queue)))
+    if result.queued_seconds is not None:
+        rows.append(("queued", f"{result.queued_seconds:.1f} s"))
+    if result.preemptions:
+        rows.append(("preemptions", str(result.preemptions)))
     if result.message and not result.succeeded:
         rows.append(("message", _text(result.message)))
     rows.extend(_model_rows(model, result.output_uri))

@@ -10,10 +10,8 @@ SECTION = "trainflow"
 
 
 def _conf() -> Any:
-    try:
-        from airflow.sdk.configuration import conf
-    except ImportError:  # pragma: no cover - Airflow 3.0/3.1 layout
-        from airflow.configuration import conf
+    from airflow.providers.common.compat.sdk import conf
+
     return conf
 
 

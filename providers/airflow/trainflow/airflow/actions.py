@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowException
+from airflow.providers.common.compat.sdk import AirflowException
 from trainflow.airflow.base import TrainJobBaseOperator
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
+    from airflow.providers.common.compat.sdk import Context
 
 
 class _TrainJobActionOperator(TrainJobBaseOperator):

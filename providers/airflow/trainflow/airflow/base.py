@@ -6,7 +6,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
+from airflow.providers.common.compat.sdk import BaseOperator
+from trainflow.airflow.arguments import connection_overrides
 from trainflow.airflow.hooks import TrainJobHook
 from trainflow.airflow.provider_info import DEFAULT_CONN_ID
 
@@ -52,15 +53,7 @@ class TrainJobBaseOperator(BaseOperator):
     @property
     def hook_params(self) -> dict[str, Any]:
         """Overrides of the connection; shipped to the triggerer (never the inline kubeconfig)."""
-        params = {
-            "backend": self.backend,
-            "namespace": self.namespace,
-            "kubeconfig": self.kubeconfig,
-            "context": self.cluster_context,
-            "in_cluster": self.in_cluster,
-            "local_home": self.local_home,
-        }
-        return {k: v for k, v in params.items() if v is not None}
+        return connection_overrides(self)
 
     @property
     def hook(self) -> TrainJobHook:
@@ -88,6 +81,6 @@ def fail_without_retry() -> Iterator[None]:
     try:
         yield
     except InvalidRequest as exc:
-        from airflow.sdk.exceptions import AirflowFailException
+        from airflow.providers.common.compat.sdk import AirflowFailException
 
         raise AirflowFailException(str(exc)) from exc

@@ -12,12 +12,11 @@ import inspect
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
+from airflow.providers.common.compat.sdk import DecoratedOperator, task_decorator_factory
 from trainflow.airflow.operators import TrainJobOperator
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
-    from airflow.sdk.bases.decorator import TaskDecorator
+    from airflow.providers.common.compat.sdk import Context, TaskDecorator
     from trainflow.core.result import TrainJobResult
 
 RESULT_XCOM_KEY = "trainjob_result"

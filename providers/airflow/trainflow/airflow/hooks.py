@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseHook
+from airflow.providers.common.compat.sdk import BaseHook
 from trainflow.airflow import _config
 from trainflow.airflow.provider_info import CONN_FIELDS, CONN_TYPE, DEFAULT_CONN_ID
+from trainflow.airflow.version_compat import AIRFLOW_V_3_0_PLUS, AIRFLOW_V_3_2_PLUS
 
 if TYPE_CHECKING:
     from trainflow.core.backend import Backend
@@ -18,35 +20,28 @@ if TYPE_CHECKING:
 
 _BACKENDS: dict[str, Backend] = {}
 _BACKENDS_LOCK = threading.Lock()
-_TRUE = ("1", "true", "yes", "on", "t", "y")
 
 
-# The extras of a cncf.kubernetes ``kubernetes`` connection, under the trainflow field they mean: the
-# connection users already have (``kubernetes_default``) reaches the same cluster here.
-CNCF_ALIASES = {
-    "kubeconfig_path": "kube_config_path",
-    "kubeconfig": "kube_config",
-    "context": "cluster_context",
-    "in_cluster": "in_cluster",
-    "namespace": "namespace",
-}
 CNCF_CONN_TYPE = "kubernetes"
 
 
-def _extra_value(extra: Mapping[str, Any], field: str) -> Any:
-    """A connection extra as the Airflow 3 form stores it (plain) or older forms did (prefixed), under the
-    trainflow name or the cncf.kubernetes one (``kube_config_path``, ``cluster_context``, ...)."""
-    names = [field] + ([CNCF_ALIASES[field]] if field in CNCF_ALIASES else [])
-    for name in dict.fromkeys(names):
-        for key in (name, f"extra__{CONN_TYPE}__{name}", f"extra__{CNCF_CONN_TYPE}__{name}"):
-            value = extra.get(key)
-            if value not in (None, ""):
-                return value
-    return None
+def unprefixed(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """A connection's extras as the Airflow 3 form stores them (plain); older forms prefixed each with
+    ``extra__<conn type>__`` (kubeflow_trainer's, or cncf.kubernetes' for its connections). What each name
+    means, cncf.kubernetes' included, is the core's (``trainflow.core.connection``)."""
+    out: dict[str, Any] = {}
+    for prefix in ("", f"extra__{CONN_TYPE}__", f"extra__{CNCF_CONN_TYPE}__"):
+        for key, value in extra.items():
+            if (
+                value in (None, "")
+                or not key.startswith(prefix)
+                or (not prefix and key.startswith("extra__"))
+            ):
+                continue
+            out.setdefault(key[len(prefix) :], value)
+    return out
 
 
-_FALSE = ("0", "false", "no", "off", "f", "n", "")
-BACKENDS = ("kubernetes", "k8s", "local")
 EXTRA_FIX = (
     'set the Extra field to a JSON object, e.g. {"backend": "local"} or {"kubeconfig_path": "~/.kube/config"}'
 )
@@ -79,24 +74,26 @@ def parse_extra(conn_id: str | None, raw: Any) -> dict[str, Any]:
     return value
 
 
-def _text(value: Any, conn_id: str | None, field: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value.strip() if value is not None else None
+def not_found(conn_id: str) -> None:
+    """Airflow said "not found": fine when the connection is not set, an error when it is set in the
+    environment (Airflow 3.0 drops an environment connection it cannot read, such as one whose Extra is not a
+    JSON object). Falling back to discovery there would train on another cluster."""
+    var = f"AIRFLOW_CONN_{conn_id.upper()}"
+    raw = os.environ.get(var)
+    if raw is None:
+        return
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if isinstance(value, dict) and isinstance(value.get("extra"), str):
+        parse_extra(conn_id, value["extra"])  # names the Extra's problem, as on the other lines
     raise connection_error(
-        conn_id, f"extra.{field}", f"is a {type(value).__name__}, not a string", f"give {field} as a string"
+        conn_id,
+        var,
+        "is set, but Airflow could not read it as a connection",
+        f'set {var} to a JSON connection, e.g. {{"conn_type": "{CONN_TYPE}", "extra": {{"backend": "local"}}}}',
     )
-
-
-def _as_bool(value: Any, conn_id: str | None, field: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    text = str(value).strip().lower()
-    if isinstance(value, str) and text in _TRUE + _FALSE:
-        return text in _TRUE
-    shown = repr(value)[:40]
-    raise connection_error(conn_id, f"extra.{field}", f"{shown} is not true or false", "use true or false")
 
 
 def backend_config(
@@ -110,81 +107,23 @@ def backend_config(
     local_home: str | None = None,
     conn_id: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """``(backend name, get_backend kwargs)`` from connection extras, operator overrides and ``[trainflow]``.
-
-    Operator arguments win over the connection; without either, ``[trainflow] default_backend`` decides,
-    and the kubernetes backend does its usual kubeconfig / in-cluster discovery. A malformed value (wrong
-    type, unknown backend, a boolean that is neither true nor false) is an error naming ``conn_id`` and the
-    field: a connection that means "local" must never end up on whatever cluster the host's kubeconfig names.
+    """``(backend name, get_backend kwargs)``: operator arguments over the connection's extras over
+    ``[trainflow] default_backend`` / ``local_home``, merged by the core's one rule
+    (``trainflow.core.connection.connection_config``). A malformed value is an error naming ``conn_id`` and
+    the field: a connection that means "local" never ends up on whatever cluster the host's kubeconfig names.
     """
-    extra = dict(extra or {})
+    from trainflow.core.connection import connection_config  # not at DAG parse time
 
-    def text(field: str) -> str | None:
-        return _text(_extra_value(extra, field), conn_id, field)
-
-    from_extra = not backend and text("backend")
-    name = (backend or text("backend") or _config.get("default_backend") or "kubernetes").strip().lower()
-    if name not in BACKENDS:
-        raise connection_error(
-            conn_id if from_extra else None,
-            "extra.backend" if from_extra else "backend",
-            f"unknown backend {name[:40]!r}",
-            "use kubernetes or local",
-        )
-    kwargs: dict[str, Any] = {}
-    ns = namespace or text("namespace")
-    if ns:
-        kwargs["namespace"] = ns
-    if name == "local":
-        home = local_home or text("local_home") or _config.get("local_home") or None
-        if home:
-            kwargs["home"] = str(home)
-        return name, kwargs
-    flag = _extra_value(extra, "in_cluster")
-    cluster = in_cluster if in_cluster is not None else _as_bool(flag or False, conn_id, "in_cluster")
-    path = kubeconfig or text("kubeconfig_path")
-    inline = _extra_value(extra, "kubeconfig")
-    ctx = context or text("context")
-    given = [k for k, v in (("in_cluster", cluster), ("kubeconfig_path", path), ("kubeconfig", inline)) if v]
-    if len(given) > 1 and not kubeconfig and in_cluster is None:
-        raise connection_error(
-            conn_id,
-            "extra",
-            f"{', '.join(given)} are mutually exclusive",
-            "keep only one way to reach the cluster",
-        )
-    if cluster:
-        kwargs["in_cluster"] = True
-    elif path:
-        kwargs["kubeconfig"] = os.path.expanduser(str(path))
-    elif inline:
-        kwargs["config_dict"] = _parse_kubeconfig(inline, conn_id)
-    if ctx:
-        kwargs["context"] = str(ctx)
-    if _as_bool(_extra_value(extra, "disable_verify_ssl") or False, conn_id, "disable_verify_ssl"):
-        kwargs["verify_ssl"] = False  # cncf.kubernetes' switch; disable_tcp_keepalive has no meaning here
-    return "kubernetes", kwargs
-
-
-def _parse_kubeconfig(value: Any, conn_id: str | None) -> dict[str, Any]:
-    if isinstance(value, Mapping):
-        return dict(value)
-    text = str(value)
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        import yaml
-
-        try:
-            parsed = yaml.safe_load(text)
-        except yaml.YAMLError:
-            parsed = None
-    if not isinstance(parsed, dict):
-        # Never echo the value: it holds credentials.
-        raise connection_error(
-            conn_id, "extra.kubeconfig", "is not a YAML/JSON kubeconfig mapping", "paste the file"
-        )
-    return parsed
+    arguments: dict[str, Any] = {"backend": backend, "namespace": namespace, "kubeconfig": kubeconfig}
+    arguments.update({"context": context, "in_cluster": in_cluster, "home": local_home})
+    defaults = {"backend": _config.get("default_backend"), "home": _config.get("local_home")}
+    return connection_config(
+        arguments,
+        unprefixed(extra or {}),
+        defaults,
+        connection_subject=f"{CONN_TYPE} connection {conn_id!r}" if conn_id else f"{CONN_TYPE} settings",
+        subject=f"{CONN_TYPE} settings",
+    )
 
 
 def make_backend(name: str, kwargs: Mapping[str, Any]) -> Backend:
@@ -198,6 +137,29 @@ def make_backend(name: str, kwargs: Mapping[str, Any]) -> Backend:
             found = get_backend(name, **dict(kwargs))
             _BACKENDS[key] = found
         return found
+
+
+def form_widgets() -> dict[str, Any]:
+    """``CONN_FIELDS`` as WTForms fields: the Flask UI's (Airflow 2) or those Airflow 3.0 and 3.1 turn into the
+    React form (they swap WTForms' field classes for their own while asking; 3.0 needs WTForms importable)."""
+    from wtforms import BooleanField, PasswordField, StringField
+
+    text: dict[str, Any] = {}
+    secret: dict[str, Any] = {}
+    if not AIRFLOW_V_3_0_PLUS:  # the Flask UI's Bootstrap inputs
+        from flask_appbuilder.fieldwidgets import BS3PasswordFieldWidget, BS3TextFieldWidget
+
+        text, secret = {"widget": BS3TextFieldWidget()}, {"widget": BS3PasswordFieldWidget()}
+    out: dict[str, Any] = {}
+    for name, field in CONN_FIELDS.items():
+        schema, label, description = field["schema"], field["label"], field["description"]
+        if "boolean" in schema["type"]:
+            out[name] = BooleanField(label, description=description, default=bool(schema.get("default")))
+        elif schema.get("format") == "password":
+            out[name] = PasswordField(label, description=description, **secret)
+        else:
+            out[name] = StringField(label, description=description, default=schema.get("default"), **text)
+    return out
 
 
 class TrainJobHook(BaseHook):
@@ -237,8 +199,9 @@ class TrainJobHook(BaseHook):
 
     @classmethod
     def get_connection_form_widgets(cls) -> dict[str, Any]:
-        """Airflow 3 builds the form from ``conn-fields`` in provider info; nothing to add here."""
-        return {}
+        """The connection form's fields where Airflow builds them from the hook (before 3.2; from 3.2 it reads
+        ``conn-fields`` in provider info): the same fields, made from ``CONN_FIELDS``."""
+        return {} if AIRFLOW_V_3_2_PLUS else form_widgets()
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
@@ -252,11 +215,12 @@ class TrainJobHook(BaseHook):
         """The connection's extras, or None when the connection does not exist."""
         if not self.conn_id:
             return None
-        from airflow.sdk.exceptions import AirflowNotFoundException
+        from airflow.providers.common.compat.sdk import AirflowNotFoundException
 
         try:
             conn = self.get_connection(self.conn_id)
         except AirflowNotFoundException:
+            not_found(self.conn_id)
             self.log.info(
                 "Connection %s not found; using [trainflow] default_backend discovery", self.conn_id
             )
@@ -279,22 +243,33 @@ class TrainJobHook(BaseHook):
     get_backend = get_conn
 
     async def aget_backend(self) -> Backend:
-        """get_conn for the triggerer: reads the connection without blocking the event loop."""
+        """get_conn for the triggerer: reads the connection without blocking (or deadlocking) the event loop."""
         if self._backend is None:
-            extra: dict[str, Any] | None = None
-            if self.conn_id:
-                from airflow.sdk.exceptions import AirflowNotFoundException
-
-                try:
-                    conn = await self.aget_connection(self.conn_id)
-                except AirflowNotFoundException:
-                    conn = None
-                if conn is not None:
-                    parse_extra(self.conn_id, conn.extra)
-                    extra = dict(conn.extra_dejson or {})
+            extra = await self.aconnection_extra()
             name, kwargs = backend_config(extra, **self.overrides, conn_id=self.conn_id)
-            self._backend = make_backend(name, kwargs)
+            # off the loop: making a backend imports the core and reads kubeconfig files
+            self._backend = await asyncio.to_thread(make_backend, name, kwargs)
         return self._backend
+
+    async def aconnection_extra(self) -> dict[str, Any] | None:
+        """``connection_extra`` on an event loop, through common-compat's async accessors: Airflow's own async
+        reads where the line has them (3.3.2+), else the synchronous ones on a worker thread (the masking call
+        of ``extra_dejson`` raises ``DeadlockImminentError`` when run on the triggerer's loop)."""
+        if not self.conn_id:
+            return None
+        from airflow.providers.common.compat.connection import get_async_connection, get_async_extra_dejson
+        from airflow.providers.common.compat.sdk import AirflowNotFoundException
+
+        try:
+            conn = await get_async_connection(self.conn_id, hook=self)
+        except AirflowNotFoundException:
+            not_found(self.conn_id)
+            self.log.info(
+                "Connection %s not found; using [trainflow] default_backend discovery", self.conn_id
+            )
+            return None
+        parse_extra(self.conn_id, conn.extra)  # bad JSON or a list is an error (extra_dejson gives {})
+        return dict(await get_async_extra_dejson(conn) or {})
 
     def test_connection(self) -> tuple[bool, str]:
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
+    from airflow.providers.common.compat.sdk import Context
 
 LABEL_PREFIX = "airflow.apache.org/"
 
@@ -48,3 +48,9 @@ def is_new_run(context: Context, retries: int) -> bool:
     if not isinstance(max_tries, int) or not isinstance(try_number, int) or try_number <= 1:
         return False
     return max_tries - try_number == retries - 1
+
+
+def is_first_try(context: Context) -> bool:
+    """Try 1 of this task instance: ``launch`` may create before it lists (an earlier try's TrainJob, if any, is
+    then found by the create itself, or - rarely, after a DAG run recreated under the same run_id - missed)."""
+    return getattr(context["ti"], "try_number", None) == 1

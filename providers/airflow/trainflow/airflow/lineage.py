@@ -10,6 +10,7 @@ optional dependency, imported only when its listener asks.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
@@ -27,7 +28,7 @@ def declare(
     inlets: list[Any], outlets: list[Any], dataset_uri: Any, output_uri: Any
 ) -> tuple[list[Any], list[Any]]:
     """The operator's inlets and outlets with the parse-time assets added (new lists: the user's may be shared)."""
-    from airflow.sdk import Asset, AssetAlias
+    from airflow.providers.common.compat.sdk import Asset, AssetAlias
 
     dataset = literal(dataset_uri)
     output = literal(output_uri)
@@ -36,16 +37,46 @@ def declare(
     return [*inlets, *added_in], [*outlets, *added_out]
 
 
-def record_output(context: Mapping[str, Any], outlets: list[Any], output_uri: str | None) -> None:
+def record_output(context: Mapping[str, Any], outlets: list[Any], outputs: list[str]) -> None:
     """On success: the run's output becomes an asset event through the alias, when the task declared it (a
     parse-time ``Asset`` outlet gets its event from Airflow). Decided by the outlets, not the argument: by now
     templates are rendered, so a templated ``output_uri`` reads like a literal one."""
-    from airflow.sdk import Asset, AssetAlias
+    from airflow.providers.common.compat.sdk import Asset, AssetAlias
 
     alias = AssetAlias(OUTPUT_ALIAS)
     events = context.get("outlet_events")
-    if output_uri and events is not None and alias in outlets:
-        events[alias].add(Asset(output_uri))
+    if events is not None and alias in outlets:
+        for uri in outputs:
+            events[alias].add(Asset(uri))
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """What a task's TrainJob reads (its dataset and base model) and whether the request named an output; the
+    output's URI is the result's (where the trainer wrote it). Read from the request once, at execute, and
+    carried through a deferral, so resuming never parses the request again."""
+
+    inputs: tuple[str, ...] = ()
+    output_named: bool = False
+
+    @classmethod
+    def of(cls, request: Any) -> Lineage:
+        """From a ``TrainJobRequest``."""
+        inputs = tuple(str(uri) for uri in (request.dataset_uri, request.model_uri) if uri)
+        return cls(inputs, bool(request.output_uri))
+
+    def outputs(self, result: Any) -> list[str]:
+        """The output a ``TrainJobResult`` reports, when the request named one (a local engine's own output
+        folder of one run is not an asset)."""
+        uri = getattr(result, "output_uri", None)
+        return [str(uri)] if self.output_named and uri else []
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"inputs": list(self.inputs), "output_named": self.output_named}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Lineage:
+        return cls(tuple(data.get("inputs") or ()), bool(data.get("output_named")))
 
 
 def ol_dataset_name(uri: str) -> tuple[str, str]:

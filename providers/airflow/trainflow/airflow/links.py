@@ -1,10 +1,11 @@
-"""The "TrainJob" extra link: a dashboard URL from ``[trainflow] dashboard_url_template``."""
+"""Extra links of a TrainJob task: "TrainJob page" (the provider's page of the task's TrainJob, always) and
+"TrainJob" (a dashboard URL from ``[trainflow] dashboard_url_template``, when one is configured)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk import BaseOperatorLink
+from airflow.providers.common.compat.sdk import BaseOperatorLink
 from trainflow.airflow import _config
 
 XCOM_KEY = "trainjob"
@@ -33,7 +34,7 @@ class TrainJobLink(BaseOperatorLink):
             return ""
         ref = getattr(operator, "_trainjob_ref", None)
         if not ref:
-            from airflow.sdk.execution_time.xcom import XCom
+            from airflow.providers.common.compat.sdk import XCom
 
             try:
                 ref = XCom.get_value(ti_key=ti_key, key=XCOM_KEY)
@@ -42,6 +43,27 @@ class TrainJobLink(BaseOperatorLink):
         return format_link(template, ref if isinstance(ref, dict) else None)
 
 
+class TrainJobPageLink(BaseOperatorLink):
+    """The task instance's TrainJob page on this Airflow (state, progress and ETA, nodes, charts, log tail)."""
+
+    name = "TrainJob page"
+
+    def get_link(self, operator: Any, *, ti_key: Any) -> str:
+        from urllib.parse import urlparse
+
+        from trainflow.airflow.job_view import page_path
+        from trainflow.airflow.version_compat import AIRFLOW_V_3_0_PLUS
+
+        section = "api" if AIRFLOW_V_3_0_PLUS else "webserver"  # where each line keeps its base_url
+        base = urlparse(_config.airflow_option(section, "base_url", "/")).path
+        map_index = getattr(ti_key, "map_index", -1)
+        return page_path(
+            base, ti_key.dag_id, ti_key.run_id, ti_key.task_id, -1 if map_index is None else map_index
+        )
+
+
 def extra_links() -> tuple[BaseOperatorLink, ...]:
-    """The links an operator shows: none unless a dashboard URL template is configured."""
-    return (TrainJobLink(),) if dashboard_template() else ()
+    """The links an operator shows: its TrainJob page (served by the plugin: on Airflow 3's API server, on
+    Airflow 2's webserver), and the dashboard when a URL template is configured."""
+    page: tuple[BaseOperatorLink, ...] = (TrainJobPageLink(),)
+    return (*page, TrainJobLink()) if dashboard_template() else page

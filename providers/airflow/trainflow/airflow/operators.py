@@ -8,33 +8,35 @@ importing this module costs a DAG file almost nothing. What to create, reattach 
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from airflow.sdk.exceptions import AirflowException
-from trainflow.airflow import _config, arg_check, arguments, lineage
+from airflow.providers.common.compat.sdk import AirflowException
+from trainflow.airflow import _config, arguments, lineage
 from trainflow.airflow.actions import DeleteTrainJobOperator, ResumeTrainJobOperator, SuspendTrainJobOperator
+from trainflow.airflow.arguments import TEMPLATED_ARGS
 from trainflow.airflow.base import TrainJobBaseOperator, fail_without_retry
-from trainflow.airflow.identity import airflow_labels, idempotency_key, is_new_run, ti_identity
+from trainflow.airflow.callbacks import DEFAULT_TIMEOUT, Callback, dotted_path, worker_updates
+from trainflow.airflow.identity import airflow_labels, idempotency_key, is_first_try, is_new_run, ti_identity
 from trainflow.airflow.links import extra_links
 from trainflow.airflow.logstream import (
-    LogPumps,
     StatusLines,
-    check_log_nodes,
+    both,
+    initializer_steps,
     log_steps,
     node_count,
+    task_log_sink,
 )
 from trainflow.airflow.outcomes import TrainJobOutcomes
-from trainflow.airflow.request_args import REQUEST_ARGS, TEMPLATED_ARGS, to_request
-from trainflow.airflow.request_file import RequestFileTemplates, check_request_file, parse_request_file
+from trainflow.airflow.request_file import RequestFileTemplates, parse_request_file
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
+    from airflow.providers.common.compat.sdk import Context
     from trainflow.core.backend import Backend
     from trainflow.core.lifecycle import Launch
     from trainflow.core.request import TrainJobRequest
+    from trainflow.core.result import TrainJobResult
 
 __all__ = [
     "DeleteTrainJobOperator",
@@ -69,12 +71,22 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
         cancelled while deferred.
     :param on_finish_action: ``keep``, ``delete`` or ``delete_succeeded`` the TrainJob once it ended.
     :param stream_logs: copy the training output of ``log_nodes`` into the task log as it is written.
-    :param log_nodes: whose output ``stream_logs`` copies: a node index (0 = rank 0), a list of them, or
-        ``"all"``; each line is prefixed ``[node-N]``.
+    :param log_nodes: whose output ``stream_logs`` copies: a node index (0 = rank 0), ``"all"`` nodes,
+        ``"dataset-initializer"``, ``"model-initializer"``, or a list of these; each line is prefixed with its
+        step (``[node-N]``, ``[dataset-initializer]``). An initializer the job does not run is left out.
     :param max_log_lines: most lines copied per node (default ``[trainflow] max_log_lines``).
     :param rerun_on_clear: a task instance cleared after its TrainJob completed trains again (a new
         attempt); False returns the completed job's result instead. Retries always reuse it.
-    :param durable: record the TrainJob in Airflow's task state store (Airflow >= 3.3), shown to the next try.
+    :param durable: record the TrainJob in Airflow's task state store, shown to the next try. Default: where the
+        Airflow line has one (3.3+); ``True`` on an earlier line fails the DAG file; ``False`` never records.
+    :param on_update_callback: called with the ``TrainJobResult`` at each update of the wait (a state change,
+        each new report of the training code), where the wait runs: in the triggerer when deferred (then it must
+        be a module-level function importable there, or its dotted path), on the worker otherwise.
+    :param on_result_callback: called once with the final ``TrainJobResult`` (Complete or Failed), on the
+        worker, before the task ends. Neither callback can fail or hang the task: an exception is logged
+        (docs/airflow.md, "Callbacks").
+    :param callback_timeout: seconds one callback call may take before the wait (or the task) goes on
+        without it.
     """
 
     template_fields: Sequence[str] = (*TEMPLATED_ARGS, "request", "request_file", "conn_id")
@@ -125,7 +137,9 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
         image_pull_secrets: list[str] | None = None,
         runtime_patches: list[dict[str, Any]] | None = None,
         kueue_queue: str | None = None,
+        priority_class: str | None = None,
         suspend: bool | None = None,
+        max_queue_seconds: int | str | None = None,
         deadline_seconds: int | str | None = None,
         request: dict[str, Any] | None = None,
         request_file: str | None = None,
@@ -136,23 +150,16 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
         log_nodes: int | Sequence[int] | Literal["all"] = 0,
         max_log_lines: int | None = None,
         rerun_on_clear: bool = True,
-        durable: bool = True,
+        durable: bool | None = None,
+        on_update_callback: Callback | str | None = None,
+        on_result_callback: Callback | str | None = None,
+        callback_timeout: float = DEFAULT_TIMEOUT,
         **kwargs: Any,
     ) -> None:
-        request_args = {arg: value for arg, value in locals().items() if arg in REQUEST_ARGS}
-        arguments.check_resources(kwargs.get("resources"))
-        if warning := arguments.queue_warning(kwargs.get("queue"), kueue_queue):
-            warnings.warn(warning, arguments.KueueQueueWarning, stacklevel=2)
-        if on_kill_action not in ("delete", "keep"):
-            raise ValueError(f"on_kill_action={on_kill_action!r}: use 'delete' or 'keep'")
-        if on_finish_action not in ("keep", "delete", "delete_succeeded"):
-            raise ValueError(
-                f"on_finish_action={on_finish_action!r}: use 'keep', 'delete' or 'delete_succeeded'"
-            )
-        check_log_nodes(log_nodes)
-        check_request_file(request_file)
+        given = {arg: value for arg, value in locals().items() if arg in arguments.REQUEST_ARGS}
+        arguments.check_airflow_args(kwargs, kueue_queue)
         super().__init__(**kwargs)
-        for arg, value in request_args.items():
+        for arg, value in given.items():  # the request's arguments, as the template fields name them
             setattr(self, arg, value)
         self.request = request
         self.request_file = request_file
@@ -164,11 +171,23 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
         self.max_log_lines = max_log_lines
         self.rerun_on_clear = rerun_on_clear
         self.durable = durable
+        # a deferred task's update callback is imported by the triggerer: it needs a path (checked at parse)
+        update_path = dotted_path(on_update_callback, "on_update_callback") if self.deferrable else None
+        self.on_update_callback = update_path or on_update_callback
+        self.on_result_callback = on_result_callback
+        self.callback_timeout = callback_timeout
         self._trainjob_ref: dict[str, Any] | None = None
-        # at parse time: the arguments and ``request`` (``request_file`` is still a template to render then)
-        given = to_request({a: getattr(self, a) for a in REQUEST_ARGS})
-        arg_check.check(
-            {**dict(request or {}), **given} if isinstance(request, dict | None) else {}, self.task_id
+        self._result: TrainJobResult | None = None  # how the TrainJob ended, once it did
+        self._lineage = lineage.Lineage()  # what the TrainJob reads, and whether it was asked for an output
+        arguments.check(  # every argument the run would refuse, at DAG parse
+            self.task_id,
+            arguments.collect(self),
+            request=request,
+            request_file=request_file,
+            on_kill_action=on_kill_action,
+            on_finish_action=on_finish_action,
+            log_nodes=log_nodes,
+            durable=durable,
         )
         self.inlets, self.outlets = lineage.declare(self.inlets, self.outlets, dataset_uri, output_uri)
 
@@ -180,21 +199,11 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
 
     def request_fields(self) -> dict[str, Any]:
         """The TrainJobRequest fields: ``request_file``, then ``request``, then the arguments (each wins)."""
-        given = to_request({a: getattr(self, a) for a in REQUEST_ARGS})
-        return {**parse_request_file(self.request_file), **dict(self.request or {}), **given}
+        return arguments.merged(parse_request_file(self.request_file), self.request, arguments.collect(self))
 
     def build_request(self, context: Context) -> TrainJobRequest:
         """The validated TrainJobRequest for this task instance, with its identity key and labels."""
-        from trainflow.core.validation import parse_request
-
-        dag_id, task_id, run_id, map_index = ti_identity(context)
-        fields = self.request_fields()
-        fields.setdefault("idempotency_key", idempotency_key(dag_id, task_id, run_id, map_index))
-        fields["labels"] = {
-            **dict(fields.get("labels") or {}),
-            **airflow_labels(dag_id, task_id, run_id, map_index),
-        }
-        return parse_request(fields)
+        return arguments.build(self.request_fields(), ti_identity(context))
 
     # -- execution -------------------------------------------------------------------------------
 
@@ -207,10 +216,11 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
 
         backend = self.get_backend()
         request = self.build_request(context)
+        self._lineage = lineage.Lineage.of(request)
         for earlier in self._earlier(context):
             self.log.info("Earlier try recorded TrainJob %s", earlier)
         rerun = self.rerun_on_clear and is_new_run(context, self.retries or 0)
-        launched = launch(backend, request, reuse_completed=not rerun)
+        launched = launch(backend, request, reuse_completed=not rerun, first_try=is_first_try(context))
         if rerun and not launched.adopted and any(r.succeeded for r in launched.previous):
             self.log.info("Task instance cleared after its TrainJob completed: training again")
         for line in launched.history():
@@ -221,13 +231,13 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
         if launched.reused:  # a Complete job: the wait returns at once, with what a wait reads at the end
             return self._finish(context, backend.wait(launched.ref), backend)
         deadline = self._deadline(context)
-        if self.deferrable and not backend.get(launched.ref).state.terminal:
+        if self.deferrable and not (launched.state and launched.state.terminal):  # as launch saw it
             self._defer(launched, deadline)
         return self._wait_sync(context, backend, launched, deadline)
 
     def _log_steps(self, launched: Launch) -> list[str]:
-        policy = launched.runtime.ml_policy if launched.runtime is not None else None
-        return log_steps(self.log_nodes, node_count(launched.manifest, policy))
+        nodes = node_count(launched.manifest, launched.runtime)
+        return log_steps(self.log_nodes, nodes, initializer_steps(launched.manifest, launched.runtime))
 
     def _defer(self, launched: Launch, deadline: float | None) -> None:
         from trainflow.airflow.triggers import TrainJobTrigger
@@ -248,15 +258,21 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
                 stream_logs=self.stream_logs,
                 log_steps=self._log_steps(launched),
                 max_log_lines=self._max_log_lines,
+                on_update_callback=dotted_path(self.on_update_callback, "on_update_callback"),
+                callback_timeout=self.callback_timeout,
             ),
             method_name="execute_complete",
+            kwargs={"trainjob_lineage": self._lineage.to_dict()},
             timeout=timeout,
         )
 
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+    def execute_complete(
+        self, context: Context, event: dict[str, Any], trainjob_lineage: dict[str, Any] | None = None
+    ) -> Any:
         """Resume after the trigger fired: one event says how the TrainJob ended (no backend needed)."""
         from trainflow.core.result import TrainJobResult
 
+        self._lineage = lineage.Lineage.from_dict(trainjob_lineage or {})
         status = event.get("status")
         name, namespace = event.get("name", ""), event.get("namespace", "")
         self._trainjob_ref = {"name": name, "namespace": namespace}
@@ -266,9 +282,13 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
             if event.get("result"):
                 self._after_end(TrainJobResult.from_dict(event["result"]))
             raise AirflowException(event.get("message") or f"TrainJob {namespace}/{name} failed")
+        if status == "queue_budget":
+            raise AirflowException(
+                self._on_queue_budget(self._ref(name, namespace), event.get("message") or "")
+            )
         if status == "timeout":
             self._on_timeout(self._ref(name, namespace))
-            from airflow.sdk.exceptions import AirflowTaskTimeout
+            from airflow.providers.common.compat.sdk import AirflowTaskTimeout
 
             raise AirflowTaskTimeout(event.get("message") or f"TrainJob {namespace}/{name} timed out")
         if status == "not_found":
@@ -279,28 +299,35 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
         raise AirflowException(f"Waiting for TrainJob {namespace}/{name} failed: {event.get('message')}")
 
     def _wait_sync(self, context: Context, backend: Backend, launched: Launch, deadline: float | None) -> Any:
-        from trainflow.core.errors import TrainJobFailed, WaitTimeout
+        from trainflow.core.errors import QueueBudgetExceeded, TrainJobFailed, WaitTimeout
 
         ref = launched.ref
-        pumps = None
+        sink = None
         if self.stream_logs:
-            steps = self._log_steps(launched)
-            pumps = LogPumps(backend, ref, steps, self.log.info, self._max_log_lines).start()
+            sink = task_log_sink(self.log.info, self._log_steps(launched), self._max_log_lines)
+        status = StatusLines(str(ref), self.log.info)
+        updates = worker_updates(self.on_update_callback, self.log, self.callback_timeout)
         try:
             result = backend.wait(
-                ref, deadline=deadline, raise_on_failure=True, on_update=StatusLines(str(ref), self.log.info)
+                ref,
+                deadline=deadline,
+                raise_on_failure=True,
+                on_update=status if updates is None else both(status, updates.submit),
+                logs=sink,
             )
+        except QueueBudgetExceeded as exc:
+            raise AirflowException(self._on_queue_budget(ref, str(exc), backend)) from None
         except TrainJobFailed as exc:
             self._after_end(exc.result, backend)
             raise AirflowException(str(exc)) from None
         except WaitTimeout as exc:
             self._on_timeout(ref, backend)
-            from airflow.sdk.exceptions import AirflowTaskTimeout
+            from airflow.providers.common.compat.sdk import AirflowTaskTimeout
 
             raise AirflowTaskTimeout(str(exc)) from None
         finally:
-            if pumps is not None:
-                pumps.join()
+            if updates is not None:
+                updates.close()  # bounded: what is pending reaches the callback before the task ends
         return self._finish(context, result, backend)
 
     @property
@@ -319,7 +346,4 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage: the dataset and base model read, the output written (OpenLineage provider only)."""
-        fields = self.request_fields()
-        inputs = [str(fields[f]) for f in ("dataset_uri", "model_uri") if fields.get(f)]
-        outputs = [str(fields["output_uri"])] if fields.get("output_uri") else []
-        return lineage.operator_lineage(inputs, outputs)
+        return lineage.operator_lineage(list(self._lineage.inputs), self._lineage.outputs(self._result))

@@ -15,7 +15,7 @@ from trainflow.airflow import lineage
 from trainflow.airflow.links import XCOM_KEY
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
+    from airflow.providers.common.compat.sdk import Context
     from trainflow.core.backend import Backend
     from trainflow.core.result import JobRef, TrainJobResult
 
@@ -28,21 +28,25 @@ class TrainJobOutcomes:
 
     if TYPE_CHECKING:
         log: Any
-        durable: bool
+        durable: bool | None
         on_kill_action: str
         on_finish_action: str
+        on_result_callback: Any
+        callback_timeout: float
+        conn_id: str | None
         outlets: list[Any]
         _trainjob_ref: dict[str, Any] | None
+        _result: TrainJobResult | None
+        _lineage: lineage.Lineage
 
         def get_backend(self) -> Backend: ...
         def _ref(self, name: str, namespace: str | None) -> JobRef: ...
-        def request_fields(self) -> dict[str, Any]: ...
 
     # -- identity record -------------------------------------------------------------------------
 
     def _state_store(self, context: Context) -> Any:
         """Airflow >= 3.3 task state store (durable execution), when this Airflow has one."""
-        if not self.durable:
+        if self.durable is False:
             return None
         try:
             return context.get("task_state_store")
@@ -78,6 +82,7 @@ class TrainJobOutcomes:
             "namespace": ref.namespace,
             "uid": ref.uid,
             "attempt": attempt,
+            "conn_id": self.conn_id,  # the TrainJob page reads the live job through it
         }
         ti = context["ti"]
         ti.xcom_push(key="job_name", value=ref.name)
@@ -87,6 +92,10 @@ class TrainJobOutcomes:
     # -- endings ---------------------------------------------------------------------------------
 
     def _after_end(self, result: TrainJobResult, backend: Backend | None = None) -> None:
+        """Every ending with a result (Complete or Failed): the result callback once, then on_finish_action."""
+        from trainflow.airflow.callbacks import call_once
+
+        call_once(self.on_result_callback, result, self.log, self.callback_timeout)
         action = self.on_finish_action
         if action == "delete" or (action == "delete_succeeded" and result.succeeded):
             deleted = (backend or self.get_backend()).cancel(result.ref)
@@ -104,13 +113,21 @@ class TrainJobOutcomes:
             metrics,
             result.output_uri,
         )
-        output = self.request_fields().get("output_uri")
-        lineage.record_output(context, self.outlets, output if isinstance(output, str) else None)
+        self._result = result  # what downstream reads: XCom, the output asset, OpenLineage
+        lineage.record_output(context, self.outlets, self._lineage.outputs(result))
         return self._task_return(context, result)
 
     def _task_return(self, context: Context, result: TrainJobResult) -> Any:
         """What the task returns (XCom ``return_value``): the TrainJobResult as a dict."""
         return result.to_dict()
+
+    def _on_queue_budget(self, ref: JobRef, message: str, backend: Backend | None = None) -> str:
+        """Not admitted within its queue budget: the task gave up on the job, as at ``execution_timeout``
+        (``on_kill_action``: delete it, or keep it queued for a retry to reattach). The task's error text."""
+        if self.on_kill_action == "delete":
+            deleted = (backend or self.get_backend()).cancel(ref)
+            return f"{message}; deleted TrainJob {ref} (on_kill_action=delete): {deleted}"
+        return f"{message}; TrainJob {ref} kept queued (on_kill_action=keep): a retry reattaches to it"
 
     def _on_timeout(self, ref: JobRef, backend: Backend | None = None) -> None:
         if self.on_kill_action == "delete":

@@ -81,6 +81,17 @@ CONFIG_OPTIONS: dict[str, Any] = {
         "example": "/opt/airflow/trainflow",
         "default": "",
     },
+    "task_instance_view": {
+        "description": (
+            "Also show a task's TrainJob page as a 'TrainJob' tab of the task instance page (Airflow >= 3.1). "
+            "Airflow shows plugin tabs on every task's page, so it is off; the 'TrainJob page' extra link "
+            "is always there."
+        ),
+        "version_added": "0.1.0",
+        "type": "boolean",
+        "example": "True",
+        "default": "False",
+    },
     "max_log_lines": {
         "description": "Most rank-0 log lines copied into one task log when log streaming is on.",
         "version_added": "0.1.0",
@@ -130,7 +141,7 @@ def get_provider_info() -> dict[str, Any]:
                 },
             }
         ],
-        "extra-links": [f"{PACKAGE}.links.TrainJobLink"],
+        "extra-links": [f"{PACKAGE}.links.TrainJobLink", f"{PACKAGE}.links.TrainJobPageLink"],
         "task-decorators": [{"class-name": f"{PACKAGE}.decorators.trainjob_task", "name": "trainjob"}],
         "config": {
             "trainflow": {

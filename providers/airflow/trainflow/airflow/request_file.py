@@ -12,23 +12,11 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from trainflow.airflow.arguments import REQUEST_FILE_EXT as TEMPLATE_EXT
+
 log = logging.getLogger(__name__)
 
 FILE_FIELDS = ("request_file",)
-TEMPLATE_EXT = (".yaml", ".yml", ".json")
-
-
-def check_request_file(value: Any) -> None:
-    """At DAG parse: a path ending in .yaml/.yml/.json (found via the DAG folder and template_searchpath)."""
-    if value is None or not isinstance(value, str):
-        if value is not None:
-            raise ValueError(f"request_file={value!r}: give the path of a .yaml, .yml or .json request file")
-        return
-    if not value.endswith(TEMPLATE_EXT) and "\n" not in value:
-        raise ValueError(
-            f"request_file={value!r}: the file must end in .yaml, .yml or .json (it is found relative to the "
-            "DAG's folder and template_searchpath, and rendered with Jinja)"
-        )
 
 
 def parse_request_file(content: str | None) -> dict[str, Any]:

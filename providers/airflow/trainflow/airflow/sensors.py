@@ -7,14 +7,19 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseSensorOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+from airflow.providers.common.compat.sdk import (
+    AirflowException,
+    AirflowFailException,
+    AirflowSkipException,
+    BaseSensorOperator,
+)
 from trainflow.airflow import _config
+from trainflow.airflow.arguments import connection_overrides
 from trainflow.airflow.hooks import TrainJobHook
 from trainflow.airflow.provider_info import DEFAULT_CONN_ID
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
+    from airflow.providers.common.compat.sdk import Context
 
 
 class TrainJobSensor(BaseSensorOperator):
@@ -48,27 +53,23 @@ class TrainJobSensor(BaseSensorOperator):
         self.job_name = job_name
         self.namespace = namespace
         self.conn_id = conn_id
-        self.hook_params: dict[str, Any] = {
-            k: v
-            for k, v in {
-                "backend": backend,
-                "kubeconfig": kubeconfig,
-                "context": cluster_context,
-                "in_cluster": in_cluster,
-                "local_home": local_home,
-            }.items()
-            if v is not None
-        }
+        self.backend = backend
+        self.kubeconfig = kubeconfig
+        self.cluster_context = cluster_context
+        self.in_cluster = in_cluster
+        self.local_home = local_home
         self.wait_for_creation = wait_for_creation
         if deferrable is None:  # an explicit mode="reschedule" wins over the deferrable default
             deferrable = _config.default_deferrable() and self.mode == "poke"
         self.deferrable = deferrable
 
+    @property
+    def hook_params(self) -> dict[str, Any]:
+        """Overrides of the connection (``namespace`` as rendered); shipped to the triggerer."""
+        return connection_overrides(self)
+
     def _hook(self) -> TrainJobHook:
-        params = dict(self.hook_params)
-        if self.namespace:
-            params["namespace"] = self.namespace
-        return TrainJobHook(self.conn_id, **params)
+        return TrainJobHook(self.conn_id, **self.hook_params)
 
     def _check(self) -> tuple[bool, dict[str, Any] | None]:
         """(done, result) from the job's current state; raises AirflowFailException on Failed."""
@@ -92,7 +93,7 @@ class TrainJobSensor(BaseSensorOperator):
         return result.succeeded, result.to_dict()
 
     def poke(self, context: Context) -> Any:
-        from airflow.sdk import PokeReturnValue
+        from airflow.providers.common.compat.sdk import PokeReturnValue
 
         done, result = self._check()
         return PokeReturnValue(is_done=done, xcom_value=result)
@@ -117,7 +118,7 @@ class TrainJobSensor(BaseSensorOperator):
                 name=self.job_name,
                 namespace=self.namespace or backend.namespace,
                 conn_id=self.conn_id,
-                hook_params={**self.hook_params, **({"namespace": self.namespace} if self.namespace else {})},
+                hook_params=self.hook_params,
                 deadline=deadline,
                 on_kill_action="keep",  # a sensor never owns the job it watches
                 wait_for_creation=self.wait_for_creation,
@@ -134,7 +135,7 @@ class TrainJobSensor(BaseSensorOperator):
             self.log.info("TrainJob %s is Complete", ref)
             return event.get("result")
         if status == "timeout":
-            from airflow.sdk.exceptions import AirflowSensorTimeout
+            from airflow.providers.common.compat.sdk import AirflowSensorTimeout
 
             raise AirflowSensorTimeout(event.get("message") or f"TrainJob {ref} did not finish in time")
         raise AirflowException(event.get("message") or f"TrainJob {ref}: {status}")

@@ -8,8 +8,10 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+from trainflow.airflow.callbacks import DEFAULT_TIMEOUT, LoopCallbacks, load
 from trainflow.airflow.hooks import TrainJobHook
-from trainflow.airflow.logstream import LogPumps, StatusLines, pump_logs
+from trainflow.airflow.logstream import StatusLines, both, task_log_sink
+from trainflow.airflow.version_compat import task_instance_state
 
 if TYPE_CHECKING:
     from trainflow.core.backend import Backend
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
 # only hook is cleanup(), which also runs on triggerer restarts (so it must check the task state first).
 HAS_TRIGGER_ON_KILL = "on_kill" in BaseTrigger.__dict__
 
-__all__ = ["TrainJobTrigger", "pump_logs"]
+__all__ = ["TrainJobTrigger"]
 
 
 class TrainJobTrigger(BaseTrigger):
@@ -31,7 +33,8 @@ class TrainJobTrigger(BaseTrigger):
 
     Cancelling the deferred task (user kill) deletes the TrainJob when ``on_kill_action="delete"``; a
     triggerer restart or redistribution never does. ``stream_logs`` copies the logs of ``log_steps``
-    (``node-N``) into the task log, each on a thread of its own (``logstream``).
+    (``node-N``, initializers) into the task log as the wait follows them, on the triggerer's event loop (no
+    thread). ``on_update_callback`` (a dotted path) is called with each update, as ``callbacks`` says.
     """
 
     def __init__(
@@ -50,6 +53,8 @@ class TrainJobTrigger(BaseTrigger):
         log_steps: Sequence[str] = ("node-0",),
         max_log_lines: int = 1000,
         log_step: str | None = None,  # serialized by earlier versions: one step
+        on_update_callback: str | None = None,
+        callback_timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.name = name
@@ -64,6 +69,8 @@ class TrainJobTrigger(BaseTrigger):
         self.stream_logs = stream_logs
         self.log_steps = [log_step] if log_step else list(log_steps)
         self.max_log_lines = max_log_lines
+        self.on_update_callback = on_update_callback
+        self.callback_timeout = callback_timeout
         self._fired = False
         self._backend: Backend | None = None
 
@@ -83,6 +90,8 @@ class TrainJobTrigger(BaseTrigger):
                 "stream_logs": self.stream_logs,
                 "log_steps": list(self.log_steps),
                 "max_log_lines": self.max_log_lines,
+                "on_update_callback": self.on_update_callback,
+                "callback_timeout": self.callback_timeout,
             },
         )
 
@@ -106,18 +115,37 @@ class TrainJobTrigger(BaseTrigger):
         payload.update(extra)
         return TriggerEvent(payload)  # type: ignore[no-untyped-call]
 
-    async def _wait(self) -> TriggerEvent:
-        from trainflow.core.errors import TrainJobFailed, TrainJobNotFound, WaitTimeout
+    async def _updates(self) -> LoopCallbacks | None:
+        """The user's update callback, imported off the event loop; one that cannot be loaded is logged."""
+        if not self.on_update_callback:
+            return None
+        try:
+            fn = await asyncio.to_thread(load, self.on_update_callback)
+        except Exception:
+            self.log.exception(
+                "on_update_callback %r cannot be loaded; waiting without it", self.on_update_callback
+            )
+            return None
+        return LoopCallbacks(
+            fn, self.log, self.callback_timeout, f"on_update_callback {self.on_update_callback}"
+        )
+
+    async def _wait(self, updates: LoopCallbacks | None) -> TriggerEvent:
+        from trainflow.core.errors import QueueBudgetExceeded, TrainJobFailed, TrainJobNotFound, WaitTimeout
 
         backend = await self._get_backend()
         ref = self._ref()
         status = StatusLines(str(ref), self.log.info)
+        on_update = status if updates is None else both(status, updates.submit)
+        sink = task_log_sink(self.log.info, self.log_steps, self.max_log_lines) if self.stream_logs else None
         while True:
             try:
                 result = await backend.wait_async(
-                    ref, deadline=self.deadline, raise_on_failure=True, on_update=status
+                    ref, deadline=self.deadline, raise_on_failure=True, on_update=on_update, logs=sink
                 )
                 return self._event("success", result)
+            except QueueBudgetExceeded as exc:  # never admitted in time: the operator applies on_kill_action
+                return self._event("queue_budget", exc.result, message=str(exc))
             except TrainJobFailed as exc:
                 return self._event(
                     "failed", exc.result, message=str(exc), diagnostics=exc.diagnostics.to_dict()
@@ -137,22 +165,14 @@ class TrainJobTrigger(BaseTrigger):
                 await asyncio.sleep(self.poll_interval)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        pumps: LogPumps | None = None
+        updates = await self._updates()
         try:
-            if self.stream_logs:
-                backend = await self._get_backend()
-                pumps = LogPumps(backend, self._ref(), self.log_steps, self.log.info, self.max_log_lines)
-                pumps.start()
-            try:
-                event = await self._wait()
-            except Exception as exc:  # anything unexpected still ends in exactly one event
-                self.log.exception("Waiting for TrainJob %s/%s failed", self.namespace, self.name)
-                event = self._event("error", message=f"{type(exc).__name__}: {exc}")
-            if pumps is not None:
-                await pumps.drain()  # the last lines, bounded: never hold the event back for long
-        finally:
-            if pumps is not None:
-                pumps.stop()
+            event = await self._wait(updates)
+        except Exception as exc:  # anything unexpected still ends in exactly one event
+            self.log.exception("Waiting for TrainJob %s/%s failed", self.namespace, self.name)
+            event = self._event("error", message=f"{type(exc).__name__}: {exc}")
+        if updates is not None:
+            await updates.close()  # the updates are delivered before the task resumes (bounded)
         self._fired = True
         yield event
 
@@ -173,16 +193,7 @@ class TrainJobTrigger(BaseTrigger):
         if ti is None:
             return False
         try:
-            from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
-            states = await asyncio.to_thread(
-                RuntimeTaskInstance.get_task_states,
-                dag_id=ti.dag_id,
-                task_ids=[ti.task_id],
-                run_ids=[ti.run_id],
-                map_index=ti.map_index,
-            )
-            state = states[ti.run_id][ti.task_id]
+            state = await task_instance_state(ti)
         except Exception:
             return False
         return str(state) not in ("deferred", "TaskInstanceState.DEFERRED")
@@ -192,5 +203,5 @@ class TrainJobTrigger(BaseTrigger):
             return
         backend = await self._get_backend()
         ref = self._ref()
-        deleted = await asyncio.to_thread(backend.cancel, ref)
+        deleted = await backend.cancel_async(ref)
         self.log.info("Deleted TrainJob %s (%s): %s", ref, why, deleted)

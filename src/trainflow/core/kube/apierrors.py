@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from trainflow.core.errors import (
@@ -19,41 +20,13 @@ from trainflow.core.errors import (
     Transient,
     Unauthorized,
 )
-from trainflow.core.kube.retry import is_connection_error, status_of
+from trainflow.core.kube.retry import is_connection_error, status_of, tls_failure
 
-# Manifest path prefix -> TrainJobRequest field (longest prefix wins).
-FIELD_MAP: tuple[tuple[str, str], ...] = (
-    ("metadata.name", "name"),
-    ("metadata.namespace", "namespace"),
-    ("metadata.labels", "labels"),
-    ("metadata.annotations", "annotations"),
-    ("spec.runtimeRef", "runtime"),
-    ("spec.trainer.image", "image"),
-    ("spec.trainer.command", "command"),
-    ("spec.trainer.args", "args"),
-    ("spec.trainer.env", "env"),
-    ("spec.trainer.numNodes", "num_nodes"),
-    ("spec.trainer.numProcPerNode", "proc_per_node"),
-    ("spec.trainer.resourcesPerNode", "resources"),
-    ("spec.trainer", "image"),
-    ("spec.initializer.dataset.secretRef", "dataset_secret"),
-    ("spec.initializer.dataset", "dataset_uri"),
-    ("spec.initializer.model.secretRef", "model_secret"),
-    ("spec.initializer.model", "model_uri"),
-    ("spec.runtimePatches", "runtime_patches"),
-    ("spec.suspend", "suspend"),
-    ("spec.activeDeadlineSeconds", "deadline_seconds"),
-    ("spec.managedBy", "runtime_patches"),
-)
-# Inside runtimePatches, these pod-spec keys come from first-class request fields.
-PATCH_KEYS: tuple[tuple[str, str], ...] = (
-    ("nodeSelector", "node_selector"),
-    ("tolerations", "tolerations"),
-    ("serviceAccountName", "service_account"),
-    ("imagePullSecrets", "image_pull_secrets"),
-    ("volumeMounts", "volumes"),
-    ("volumes", "volumes"),
-)
+API_OF = {
+    "trainjobs": "trainjobs.trainer.kubeflow.org/v1alpha1 (the TrainJob API)",
+    "trainingruntimes": "trainingruntimes.trainer.kubeflow.org/v1alpha1",
+    "clustertrainingruntimes": "clustertrainingruntimes.trainer.kubeflow.org/v1alpha1",
+}
 _PATH_IN_TEXT = re.compile(r"\b((?:spec|metadata)(?:\.[A-Za-z0-9_]+|\[[^\]]*\])+)")
 _ENV_NAMES = re.compile(r"\b(PET_[A-Z_]+|DMLC_[A-Z_]+|OMPI_MCA_[A-Za-z_]+|JAX_[A-Z_]+)\b")
 
@@ -78,27 +51,15 @@ def server_message(exc: BaseException) -> str:
     return str(text)[:1000]
 
 
-def request_field(path: str) -> str:
-    """The TrainJobRequest field behind a manifest path such as ``spec.trainer.env[0].name``."""
-    plain = re.sub(r"\[[^\]]*\]", "", path.strip())
-    if plain.startswith("spec.runtimePatches"):
-        for key, field in PATCH_KEYS:
-            if f".{key}" in plain:
-                return field
-        if ".metadata.labels" in plain:
-            return "labels"
-        if ".metadata.annotations" in plain:
-            return "annotations"
-    best = ""
-    field = ""
-    for prefix, name in FIELD_MAP:
-        if (plain == prefix or plain.startswith(prefix + ".")) and len(prefix) > len(best):
-            best, field = prefix, name
-    return field or plain or "request"
+def invalid_from_status(exc: BaseException, sent: Mapping[str, Any] | None = None) -> InvalidRequest:
+    """422 Invalid / 400 BadRequest / webhook denial -> InvalidRequest naming each field the server named.
 
+    ``sent``: the manifest of the request, so a path resolves to the field as the user wrote it.
+    """
+    from trainflow.core.fields import (
+        request_fields,
+    )  # on a rejection only, not by every waiter
 
-def invalid_from_status(exc: BaseException) -> InvalidRequest:
-    """422 Invalid / 400 BadRequest / webhook denial -> InvalidRequest naming each field the server named."""
     body = body_of(exc)
     message = server_message(exc)
     causes = ((body.get("details") or {}).get("causes")) or []
@@ -111,13 +72,17 @@ def invalid_from_status(exc: BaseException) -> InvalidRequest:
         if not path or path == "<nil>":
             found = _PATH_IN_TEXT.search(text)
             path = found.group(1) if found else ""
-        field = request_field(path) if path else _field_from_text(text)
+        fields = request_fields(path, sent, text) if path else [_field_from_text(text)]
         where = f" ({path})" if path else ""
-        issues.append(FieldIssue(field, f"rejected by the API server{where}: {text[:500]}", _fix_for(field)))
+        for field in fields:
+            issues.append(
+                FieldIssue(field, f"rejected by the API server{where}: {text[:500]}", _fix_for(field))
+            )
     if not issues:
         found = _PATH_IN_TEXT.search(message)
-        field = request_field(found.group(1)) if found else _field_from_text(message)
-        issues.append(FieldIssue(field, f"rejected by the API server: {message}", _fix_for(field)))
+        fields = request_fields(found.group(1), sent, message) if found else [_field_from_text(message)]
+        for field in fields:
+            issues.append(FieldIssue(field, f"rejected by the API server: {message}", _fix_for(field)))
     return InvalidRequest(issues)
 
 
@@ -137,7 +102,13 @@ def _fix_for(field: str) -> str:
         "env": "remove names the Trainer injects itself (PET_*, DMLC_*, OMPI_MCA_*, JAX_*)",
         "runtime": "use a runtime that exists in the cluster (trainflow runtimes)",
         "name": "use a short RFC 1035 name (lowercase letters, digits, '-', starting with a letter)",
-    }.get(field, "fix the field as the server says")
+    }.get(field.split(".")[0], "fix the field as the server says")
+
+
+def described(exc: BaseException) -> str:
+    """An error's type and message, never its repr: transport errors' reprs carry request headers (credentials)."""
+    text = " ".join(str(exc).split())[:300]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def is_webhook_denial(exc: BaseException) -> bool:
@@ -149,29 +120,47 @@ class Gone(BackendError):
 
 
 def translate(
-    exc: Exception, verb: str, resource: str, namespace: str | None, name: str | None = None
+    exc: Exception,
+    verb: str,
+    resource: str,
+    namespace: str | None,
+    name: str | None = None,
+    *,
+    sent: Mapping[str, Any] | None = None,
 ) -> Exception:
     """The one mapping of an API failure to a trainflow error; every KubeApi call goes through it.
 
     404 -> TrainJobNotFound / NotFound, 403 -> PermissionDenied (or InvalidRequest for a webhook denial),
     400/422 -> InvalidRequest naming the request field, 409 -> AlreadyExists, 410 -> Gone, a lost answer
     of a create -> OutcomeUnknown, any other status -> BackendError with the server's message. Anything that
-    is neither an API answer nor a transport failure (a programming error) is returned unchanged.
+    is neither an API answer nor a transport failure (a programming error) is returned unchanged. ``sent``: the
+    object a create or patch sent, to name the request field behind each path the server names.
     """
     if isinstance(exc, TrainflowError):
         return exc
     target = f"{resource}/{name}" if name else resource
     where = f" in namespace {namespace!r}" if namespace else ""
+    tls = tls_failure(exc)
+    if tls is not None:
+        return BackendError(
+            f"{verb} {target}{where}: the API server's certificate does not verify ({getattr(tls, 'verify_message', None) or tls}); "
+            "check the kubeconfig's certificate-authority and tls-server-name"
+        )
     status = status_of(exc)
     if status is None and not is_connection_error(exc):
         return exc
-    if status is None or status == 0:  # 0: kubernetes_asyncio's wrapper for a transport failure
+    if status is None or status == 0:
         if verb == "create":
-            return OutcomeUnknown(f"create {target}{where}: the answer was lost ({exc!r})")
-        return Transient(f"{verb} {target}{where}: the API server could not be reached ({exc!r})")
+            return OutcomeUnknown(f"create {target}{where}: the answer was lost ({described(exc)})")
+        return Transient(f"{verb} {target}{where}: the API server could not be reached ({described(exc)})")
     if status == 404:
         if resource == "trainjobs" and name:
             return TrainJobNotFound(namespace or "", name)
+        if name is None and resource in API_OF:  # a list or watch: the resource type itself is not served
+            return NotFound(
+                f"cannot {verb} {resource}{where}: the API server does not serve {API_OF[resource]} "
+                "(HTTP 404): is Kubeflow Trainer v2 installed in this cluster?"
+            )
         return NotFound(f"{target} not found{where}")
     if status == 403 and not is_webhook_denial(exc):
         return PermissionDenied(
@@ -179,7 +168,7 @@ def translate(
             f"(grant the verb {verb!r} on {resource} to this identity): {server_message(exc)}"
         )
     if status in (400, 422) or (status == 403 and is_webhook_denial(exc)):
-        return invalid_from_status(exc)
+        return invalid_from_status(exc, sent)
     if status == 409:
         return AlreadyExists(f"{target}{where} already exists")
     if status == 410:

@@ -1,41 +1,29 @@
 """KubernetesBackend: TrainJobs on a cluster running Kubeflow Trainer v2 (``trainer.kubeflow.org/v1alpha1``).
 
-Pure logic over ``KubeApi`` (sync) and the shared watch's ``AsyncKubeApi`` (event loops): the API boundary
-retries and translates errors, ``lifecycle`` decides what to create, ``observe`` decides what each version of
-a TrainJob means, and the reads that explain an ending (metrics, diagnostics) are plans run on either API.
+Launch primitives, reads, logs and cancel over ``KubeApi`` (the calls of kube/calls.py, retried and translated
+at that boundary); ``lifecycle`` decides what to create; every wait, sync or async, is kube/wait.py's loop.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import random
 import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from trainflow.core.errors import (
-    AlreadyExists,
-    Diagnostics,
-    NotFound,
-    PermissionDenied,
-    RuntimeNotFound,
-    TrainJobFailed,
-    TrainJobNotFound,
-    WaitTimeout,
-)
-from trainflow.core.kube import diagnostics, retry
+from trainflow.core.errors import AlreadyExists, NotFound, PermissionDenied, RuntimeNotFound, TrainJobNotFound
+from trainflow.core.kube import calls, kueue_reads, retry
+from trainflow.core.kube.auth import identity
 from trainflow.core.kube.client import KubeApi
 from trainflow.core.kube.config import load_cluster_config
-from trainflow.core.kube.logs import LogReader, step_target
-from trainflow.core.kube.plan import Plan, arun, run
-from trainflow.core.kube.reportlog import last_report
-from trainflow.core.kube.shared_watch import registry
-from trainflow.core.kube.transport import open_transport
-from trainflow.core.kube.watch import WATCH_WINDOW, WatchStats, watch_until
-from trainflow.core.observe import POD_CHECK_SECONDS, UpdateCallback, Waiter, observe, resolve_deadline
-from trainflow.core.reporting import return_value
-from trainflow.core.result import RETURNS_ANNOTATION, JobRef, JobState, TrainJobResult, result_from_trainjob
+from trainflow.core.kube.listwatch import WatchStats
+from trainflow.core.kube.logs import LogReader, StepTarget, step_target
+from trainflow.core.kube.plan import run
+from trainflow.core.kube.shared_watch import WatchKey
+from trainflow.core.kube.wait import WATCH_WINDOW, run_blocking, wait_for
+from trainflow.core.logsink import LogSink
+from trainflow.core.observe import UpdateCallback, resolve_deadline
+from trainflow.core.result import JobRef, TrainJobResult, result_from_trainjob
 
 if TYPE_CHECKING:
     from trainflow.core.request import TrainJobRequest
@@ -44,58 +32,12 @@ if TYPE_CHECKING:
 RUNTIME_TTL = 300.0  # the Trainer reads a runtime when it creates a job; a read this old is still used
 
 
+def _items(answer: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return list(answer.get("items") or [])
+
+
 def _selector(labels: Mapping[str, str] | None) -> str | None:
     return ",".join(f"{k}={v}" for k, v in labels.items()) if labels else None
-
-
-def finish(
-    obj: Mapping[str, Any], raise_on_failure: bool, log_tail_lines: int, captured: Diagnostics | None = None
-) -> Plan[TrainJobResult]:
-    """A terminal TrainJob -> its result: metrics from rank 0's log only when trainerStatus has none (and a function
-    trainer's return value from the same read); raise
-    TrainJobFailed with diagnostics on Failed (with what the pods showed while they existed: ``captured``)."""
-    result = result_from_trainjob(obj)
-    returns = RETURNS_ANNOTATION in ((obj.get("metadata") or {}).get("annotations") or {})
-    if result.state is JobState.COMPLETE and (returns or not result.metrics):
-        lines = yield from diagnostics.rank0_log_tail(result.namespace, result.name, log_tail_lines)
-        metrics, progress = last_report(lines) if not result.metrics else ({}, None)
-        if metrics or progress is not None:
-            update = {"metrics": metrics, "progress": progress if progress is not None else result.progress}
-            result = result.replace(**update)
-        if returns:
-            result = result.replace(return_value=return_value(lines))
-    if result.state is JobState.FAILED and raise_on_failure:
-        # on a real cluster the Job deletes its pods before the TrainJob turns Failed: name what was captured
-        diag = diagnostics.with_first_crash(
-            (yield from diagnostics.collect(result.namespace, result.name)), captured
-        )
-        raise TrainJobFailed(result, diag)
-    return result
-
-
-def check_pods(
-    waiter: Waiter, stuck_after: float, captured: list[Diagnostics]
-) -> Plan[TrainJobFailed | None]:
-    """Pods not ready: a TrainJobFailed when one is stuck (unschedulable, image or config it cannot get) for
-    ``stuck_after`` seconds - the Trainer never fails such a job; else keep a crash's diagnostics in ``captured``."""
-    assert waiter.result is not None
-    result = waiter.result
-    stuck, diag = yield from diagnostics.inspect_pods(result.namespace, result.name, time.time(), stuck_after)
-    if stuck is not None:
-        reason, detail = stuck
-        message = f"{detail} (for over {stuck_after:.0f}s; the TrainJob was left as it is)"
-        failed = result.replace(state=JobState.FAILED, reason=reason, message=message)
-        return TrainJobFailed(failed, diag)
-    diagnostics.keep_first_crash(captured, diag)
-    return None
-
-
-def timed_out(ref: JobRef, waiter: Waiter, waited: float, diag: Diagnostics | None) -> Plan[WaitTimeout]:
-    """The WaitTimeout for a wait that ended early; a job never started gets its creation-failure events."""
-    state = waiter.result.state if waiter.result is not None else None
-    if diag is None and state in (JobState.CREATED, JobState.QUEUED):
-        diag = yield from diagnostics.creation_failure(ref.namespace, ref.name)
-    return WaitTimeout(ref.namespace, ref.name, state.value if state else "unknown", waited, diagnostics=diag)
 
 
 class KubernetesBackend:
@@ -142,6 +84,7 @@ class KubernetesBackend:
         self.log_tail_lines = log_tail_lines
         self.last_wait_stats: WatchStats | None = None
         self._runtimes: dict[tuple[str, str, str], tuple[float, Runtime]] = {}
+        self._queues = kueue_reads.SchedulingChecks(RUNTIME_TTL)
 
     def close(self) -> None:
         self.api.close()
@@ -162,10 +105,16 @@ class KubernetesBackend:
     def runtimes(self) -> list[Runtime]:
         from trainflow.core.runtimes import Runtime
 
-        objs = self.api.list_cluster_runtimes()
+        objs = [
+            dict(i, kind="ClusterTrainingRuntime")
+            for i in _items(self.api.run(calls.list_cluster_runtimes()))
+        ]
         # no permission, or no namespaced-runtime CRD: cluster runtimes only
         with contextlib.suppress(PermissionDenied, NotFound):
-            objs += self.api.list_runtimes(self.namespace)
+            objs += [
+                dict(i, kind="TrainingRuntime")
+                for i in _items(self.api.run(calls.list_runtimes(self.namespace)))
+            ]
         return [Runtime.from_object(o) for o in objs]
 
     def get_runtime(
@@ -179,7 +128,9 @@ class KubernetesBackend:
         if cached is not None and time.monotonic() - cached[0] < RUNTIME_TTL:
             return cached[1]
         try:
-            runtime = Runtime.from_object(self.api.get_runtime(name, kind, key[2]))
+            runtime = Runtime.from_object(
+                dict(self.api.run(calls.get_runtime(name, kind, key[2])), kind=kind)
+            )
         except NotFound:
             try:
                 available = [r.name for r in self.runtimes() if r.kind == kind]
@@ -191,25 +142,29 @@ class KubernetesBackend:
 
     # --- launch primitives ----------------------------------------------------------------------------
     def find(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
-        return list(self.api.list_trainjobs(namespace, label_selector=_selector(labels)).get("items") or [])
+        return _items(self.api.run(calls.list_trainjobs(namespace, label_selector=_selector(labels))))
 
     def read(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self.api.get_trainjob(namespace, name)
+            found: dict[str, Any] = self.api.run(calls.get_trainjob(namespace, name))
+            return found
         except TrainJobNotFound:
             return None
 
     def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        return self.api.create_trainjob(self._namespace_of(manifest), manifest)
+        self._queues.check(self.api, self._namespace_of(manifest), manifest)  # its LocalQueue exists
+        created: dict[str, Any] = self.api.run(calls.create_trainjob(self._namespace_of(manifest), manifest))
+        return created
 
     def adopt(self, obj: Mapping[str, Any]) -> None:
         """Nothing to do on a cluster: the controllers run what exists."""
 
     def dry_run(self, manifest: dict[str, Any]) -> None:
         """Server-side dry-run create: CRD schema, CEL rules and admission webhooks; nothing is stored."""
+        self._queues.check(self.api, self._namespace_of(manifest), manifest)
         # AlreadyExists: the name is taken; launch would adopt or refuse it, so the request itself is valid
         with contextlib.suppress(AlreadyExists):
-            self.api.create_trainjob(self._namespace_of(manifest), manifest, dry_run=True)
+            self.api.run(calls.create_trainjob(self._namespace_of(manifest), manifest, dry_run=True))
 
     def _namespace_of(self, manifest: Mapping[str, Any]) -> str:
         return str((manifest.get("metadata") or {}).get("namespace") or self.namespace)
@@ -226,19 +181,19 @@ class KubernetesBackend:
 
     # --- reads ----------------------------------------------------------------------------------------
     def get(self, ref: JobRef | str) -> TrainJobResult:
+        """The job's state; a job Kueue manages also says what Kueue says (one more read)."""
         r = self._ref(ref)
-        return result_from_trainjob(self.api.get_trainjob(r.namespace, r.name))
+        obj = self.api.run(calls.get_trainjob(r.namespace, r.name))
+        return run(kueue_reads.with_kueue(obj, result_from_trainjob(obj)), self.api)
 
     # --- wait -----------------------------------------------------------------------------------------
-    def _waiter(self, timeout: float | None, deadline: float | None, *, own: bool) -> Waiter:
-        """``own``: one waiter per process (sync), which can afford a pod LIST every POD_CHECK_SECONDS."""
-        every, until = POD_CHECK_SECONDS if own else None, resolve_deadline(timeout, deadline)
-        return Waiter(
-            deadline=until, submit_timeout=self.submit_timeout, pod_checks=True, pod_check_every=every
-        )
-
-    def _window(self) -> float:
+    def window(self) -> float:
+        """How long a wait may go without news before it looks again (also bounds the stuck-in-Created check)."""
         return max(5.0, min(WATCH_WINDOW, self.submit_timeout / 4))
+
+    def watch_key(self, namespace: str | None = None, job: str | None = None) -> WatchKey:
+        """The key of the watch that waiters of this connection share (``job``: a sync waiter's own)."""
+        return (identity(self.cluster), namespace or self.namespace, job)
 
     def wait(
         self,
@@ -248,49 +203,22 @@ class KubernetesBackend:
         deadline: float | None = None,
         raise_on_failure: bool = True,
         on_update: UpdateCallback | None = None,
-        resource_version: str | None = None,
+        logs: LogSink | None = None,
     ) -> TrainJobResult:
-        """Watch until Complete/Failed or the deadline (WaitTimeout; the job keeps running)."""
-        r = self._ref(ref)
-        started = time.time()
-        waiter = self._waiter(timeout, deadline, own=True)
-        stuck: list[Diagnostics] = []
-        captured: list[Diagnostics] = []
-        failures: list[TrainJobFailed] = []
-
-        def feed(obj: dict[str, Any] | None) -> bool:
-            out = observe(waiter, obj, time.time())
-            if out.changed and on_update is not None and out.result is not None:
-                on_update(out.result)
-            if out.check_creation:
-                diag = run(diagnostics.creation_failure(r.namespace, r.name), self.api)
-                if diag is not None:
-                    stuck.append(diag)
-            if out.check_pods and not out.done:
-                failure = run(check_pods(waiter, self.pod_stuck_timeout, captured), self.api)
-                if failure is not None:
-                    failures.append(failure)
-            return out.done or out.timed_out or bool(stuck) or bool(failures)
-
-        self.last_wait_stats = stats = WatchStats()
-        window = self._window()
-        watch_until(
-            self.api,
-            r.namespace,
-            r.name,
-            feed=feed,
-            window=lambda: waiter.next_check(time.time(), window),
-            resource_version=resource_version,
-            stats=stats,
+        """Watch until Complete/Failed or the deadline (WaitTimeout; the job keeps running): ``wait_async`` on a
+        private event loop, watching this job and its pods only."""
+        r, until = self._ref(ref), resolve_deadline(timeout, deadline)
+        return run_blocking(
+            wait_for(
+                self,
+                r,
+                deadline=until,
+                raise_on_failure=raise_on_failure,
+                on_update=on_update,
+                logs=logs,
+                scope_job=True,
+            )
         )
-        if failures:
-            if raise_on_failure:
-                raise failures[0]
-            return failures[0].result  # type: ignore[no-any-return]
-        if waiter.obj is None or waiter.result is None or not waiter.result.state.terminal:
-            raise run(timed_out(r, waiter, time.time() - started, stuck[0] if stuck else None), self.api)
-        tail = captured[0] if captured else None
-        return run(finish(waiter.obj, raise_on_failure, self.log_tail_lines, tail), self.api)
 
     async def wait_async(
         self,
@@ -300,45 +228,19 @@ class KubernetesBackend:
         deadline: float | None = None,
         raise_on_failure: bool = True,
         on_update: UpdateCallback | None = None,
+        logs: LogSink | None = None,
     ) -> TrainJobResult:
-        """``wait`` for event loops: every waiter of this loop shares one watch per (server, namespace)."""
-        r = self._ref(ref)
-        started = time.time()
-        waiter = self._waiter(timeout, deadline, own=False)
-        captured: list[Diagnostics] = []
-        reg = registry()
-        key = (self.cluster.server, r.namespace)
-        async with reg.subscribe(key, functools.partial(open_transport, self.cluster), r.name) as box:
-            while True:
-                # jittered, so waiters started together (triggerer restart, fan-out) do not wake together
-                window = self._window() * random.uniform(0.8, 1.2)
-                update = await reg.next_update(key, box, waiter.next_check(time.time(), window))
-                obj, crashed = None, False
-                if update is not None:
-                    obj, deleted, crashed = update
-                    if deleted:
-                        raise TrainJobNotFound(r.namespace, r.name)
-                out = observe(waiter, obj, time.time())
-                if out.changed and on_update is not None and out.result is not None:
-                    on_update(out.result)
-                failure = None  # on a crash, look at once: the Job deletes the pod soon
-                if (out.check_pods or crashed) and waiter.result is not None:
-                    failure = await arun(check_pods(waiter, self.pod_stuck_timeout, captured), reg.api(key))
-                if out.done:
-                    assert waiter.obj is not None
-                    tail = captured[0] if captured else None
-                    return await arun(
-                        finish(waiter.obj, raise_on_failure, self.log_tail_lines, tail), reg.api(key)
-                    )
-                if failure is not None:
-                    if raise_on_failure:
-                        raise failure
-                    return failure.result  # type: ignore[no-any-return]
-                diag = None
-                if out.check_creation:
-                    diag = await arun(diagnostics.creation_failure(r.namespace, r.name), reg.api(key))
-                if out.timed_out or diag is not None:
-                    raise await arun(timed_out(r, waiter, time.time() - started, diag), reg.api(key))
+        """``wait`` for event loops: every waiter of this loop shares one watch per (connection, namespace)."""
+        r, until = self._ref(ref), resolve_deadline(timeout, deadline)
+        return await wait_for(
+            self,
+            r,
+            deadline=until,
+            raise_on_failure=raise_on_failure,
+            on_update=on_update,
+            logs=logs,
+            scope_job=False,
+        )
 
     # --- logs, cancel, suspend ------------------------------------------------------------------------
     def logs(
@@ -351,11 +253,20 @@ class KubernetesBackend:
         pod_wait: float = 120.0,
     ) -> Iterator[str]:
         r = self._ref(ref)
-        obj = self.api.get_trainjob(r.namespace, r.name)
+        obj = self.api.run(calls.get_trainjob(r.namespace, r.name))
         reader = LogReader(
             self.api, r.namespace, step_target(r.name, step, self._runtime_of(obj)), pod_wait=pod_wait
         )
         return reader.follow(tail_lines) if follow else reader.read(tail_lines)
+
+    def cached_runtime(self, name: str, kind: str, namespace: str) -> Runtime | None:
+        """The runtime this backend read recently (its launch did), without a request; None if not read."""
+        cached = self._runtimes.get((name, kind, namespace))
+        return cached[1] if cached is not None and time.monotonic() - cached[0] < RUNTIME_TTL else None
+
+    def step_target(self, obj: Mapping[str, Any], step: str) -> StepTarget:
+        """Which pods and container hold ``step``'s log for this TrainJob (its runtime decides rank 0)."""
+        return step_target(str(obj["metadata"]["name"]), step, self._runtime_of(obj))
 
     def _runtime_of(self, obj: Mapping[str, Any]) -> Runtime | None:
         ref = (obj.get("spec") or {}).get("runtimeRef") or {}
@@ -373,15 +284,28 @@ class KubernetesBackend:
         was already gone."""
         r = self._ref(ref)
         try:
-            self.api.delete_trainjob(r.namespace, r.name, "Background")
+            self.api.run(calls.delete_trainjob(r.namespace, r.name, "Background"))
         except TrainJobNotFound:
             return False
+        return True
+
+    async def cancel_async(self, ref: JobRef | str) -> bool:
+        """``cancel`` on the event loop's client (a deferred task killed in the triggerer)."""
+        from trainflow.core.kube.aio import AsyncKubeApi
+        from trainflow.core.kube.http import open_transport
+
+        r = self._ref(ref)
+        async with open_transport(self.cluster) as transport:
+            try:
+                await AsyncKubeApi(transport).run(calls.delete_trainjob(r.namespace, r.name, "Background"))
+            except TrainJobNotFound:
+                return False
         return True
 
     def _set_suspend(self, ref: JobRef | str, value: bool) -> TrainJobResult:
         r = self._ref(ref)
         return result_from_trainjob(
-            self.api.patch_trainjob(r.namespace, r.name, {"spec": {"suspend": value}})
+            self.api.run(calls.patch_trainjob(r.namespace, r.name, {"spec": {"suspend": value}}))
         )
 
     def suspend(self, ref: JobRef | str) -> TrainJobResult:

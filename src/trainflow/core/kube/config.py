@@ -1,15 +1,23 @@
-"""Where the cluster is and how to reach it: kubeconfig files, an inline kubeconfig, or the in-cluster account.
+"""Where the cluster is and how to reach it, read once from a kubeconfig (or the pod's service account).
 
-The connection is resolved from the kubeconfig text alone (context, server, namespace), the way kubectl merges
-several files, so making a backend imports no client library. The credentials for that same context are loaded
-when first used: ``sync_configuration`` (kubernetes) for reads and creates; for the shared watch,
-kube/credentials.py reads them itself, and ``async_configuration`` (kubernetes_asyncio) covers the kinds it does
-not read. The process-wide default configurations of both libraries are never touched, so several clusters and
-contexts can live in one process.
+One loader for every path: the sync client, the async waiters and the log readers all take their server, TLS,
+proxy and credential settings from the ``ClusterConfig`` made here, so they behave alike and as kubectl does
+(docs/architecture.md, "Talking to the API server"):
+
+* ``KUBECONFIG`` is a list; the first file that sets a map key wins, ``current-context`` from the first file
+  that has one;
+* relative paths resolve against the directory of the path the file was loaded from, without following
+  symlinks (client-go's ``ResolveLocalPaths``);
+* ``insecure-skip-tls-verify`` together with a CA is refused, as kubectl refuses it; the adapters' own
+  "do not verify" switch clears the CA instead, as kubectl's ``--insecure-skip-tls-verify`` flag does.
+
+No client library is imported, and nothing secret appears in a repr.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,30 +36,60 @@ HOW_TO_CONNECT = (
     "point KUBECONFIG (or the kubeconfig setting) at a kubeconfig file, give an inline kubeconfig, "
     "or run inside a cluster with a service account"
 )
+EXEC_API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
 
 
-@dataclass
+def _secret(value: Any) -> Any:
+    return field(default=value, repr=False)
+
+
+@dataclass(frozen=True)
+class ExecSpec:
+    """A kubeconfig ``exec`` entry (client.authentication.k8s.io v1 or v1beta1)."""
+
+    command: str
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # plugin env may hold secrets
+    api_version: str = EXEC_API_VERSIONS[0]
+    cluster_info: Mapping[str, Any] | None = field(default=None, repr=False)
+    interactive_mode: str = "IfAvailable"
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
-    """A resolved connection: the server, the context and the namespace, plus where the credentials live."""
+    """A resolved connection: server, namespace, TLS, proxy and the user's credentials (never in a repr)."""
 
     namespace: str
     server: str
     context: str | None = None
     in_cluster: bool = False
-    paths: tuple[str, ...] = ()
-    config_dict: Mapping[str, Any] | None = None
-    verify_ssl: bool = True  # False: the server's certificate is not checked (cncf's disable_verify_ssl)
-    _sync: Any = field(default=None, repr=False, compare=False)
+    user: str | None = None  # the kubeconfig user's name, for messages
+    where: str = ""  # where the settings came from, for messages
+    ca_file: str | None = None
+    ca_data: bytes | None = _secret(None)
+    insecure: bool = False
+    tls_server_name: str | None = None
+    proxy_url: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    cert_data: bytes | None = _secret(None)
+    key_data: bytes | None = _secret(None)
+    token: str | None = _secret(None)
+    token_file: str | None = None
+    username: str | None = None
+    password: str | None = _secret(None)
+    exec: ExecSpec | None = None
+    impersonate: tuple[tuple[str, str], ...] = ()  # (header, value) pairs: Impersonate-User, -Group, ...
 
-    def sync_configuration(self) -> Any:
-        """The kubernetes client Configuration for this connection (loaded once, on first use)."""
-        if self._sync is None:
-            self._sync = _load_sync(self)
-        return self._sync
+    @property
+    def verify_ssl(self) -> bool:
+        return not self.insecure
 
-    async def async_configuration(self) -> Any:
-        """A fresh kubernetes_asyncio Configuration (auth-provider and basic-auth users; re-runs exec plugins)."""
-        return await _load_async(self)
+    def describe(self) -> str:
+        """Which context or account, for error messages."""
+        return (
+            "the in-cluster service account" if self.in_cluster else f"{self.where} (context {self.context})"
+        )
 
 
 def split_paths(value: str | os.PathLike[str]) -> list[Path]:
@@ -93,11 +131,6 @@ def entry_at(
     return None
 
 
-def _entry(docs: Sequence[Mapping[str, Any]], section: str, name: str) -> Mapping[str, Any] | None:
-    found = entry_at(docs, section, name)
-    return found[0] if found else None
-
-
 def context_namespace(
     docs: Sequence[Mapping[str, Any]], context: str | None
 ) -> tuple[str | None, str | None]:
@@ -107,27 +140,9 @@ def context_namespace(
         name = next((str(d["current-context"]) for d in docs if d.get("current-context")), None)
     if name is None:
         return None, None
-    entry = _entry(docs, "contexts", name)
-    ns = (entry or {}).get("namespace")
+    found = entry_at(docs, "contexts", name)
+    ns = (found[0] if found else {}).get("namespace")
     return name, str(ns) if ns else None
-
-
-def _server(docs: Sequence[Mapping[str, Any]], context: str | None, where: str) -> str:
-    if context is None:
-        raise BackendError(f"{where} names no current-context: pass a context, or set current-context")
-    ctx = _entry(docs, "contexts", context)
-    if ctx is None:
-        names = sorted(
-            {str(e.get("name")) for d in docs for e in d.get("contexts") or [] if isinstance(e, dict)}
-        )
-        raise BackendError(
-            f"context {context!r} not found in {where} (contexts: {', '.join(names) or 'none'})"
-        )
-    cluster = _entry(docs, "clusters", str(ctx.get("cluster") or ""))
-    server = (cluster or {}).get("server")
-    if not server:
-        raise BackendError(f"context {context!r} in {where} has no cluster server")
-    return str(server)
 
 
 def discover_namespace(
@@ -164,19 +179,10 @@ def load_cluster_config(
             config_dict is None and kubeconfig is None and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
         )
     if use_in_cluster:
-        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
-        if not host or not port or not Path(SA_TOKEN_FILE).is_file():
-            raise BackendError(
-                "cannot load Kubernetes credentials from the in-cluster service account "
-                f"(KUBERNETES_SERVICE_HOST/PORT and {SA_TOKEN_FILE} are needed); {HOW_TO_CONNECT}"
-            )
-        server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
-        ns = discover_namespace(namespace, None, sa_namespace_file)
-        return ClusterConfig(namespace=ns, server=server, in_cluster=True, verify_ssl=verify_ssl)
+        return _in_cluster(namespace, sa_namespace_file, verify_ssl)
     if config_dict is not None:
-        docs = [dict(config_dict)]
+        docs: list[tuple[Mapping[str, Any], Path]] = [(dict(config_dict), Path.cwd())]
         where = "the inline kubeconfig"
-        paths: tuple[str, ...] = ()
     else:
         candidates = kubeconfig_paths(kubeconfig)
         existing = [p for p in candidates if p.is_file()]
@@ -184,117 +190,198 @@ def load_cluster_config(
             raise BackendError(
                 f"no kubeconfig found at {os.pathsep.join(str(p) for p in candidates)}; {HOW_TO_CONNECT}"
             )
-        docs = read_kubeconfigs(existing)
+        # the directory of the path as given (kubectl: filepath.Abs, no symlink evaluation)
+        docs = [(doc, Path(os.path.abspath(p)).parent) for p in existing for doc in read_kubeconfigs([p])]
         where = f"kubeconfig {os.pathsep.join(str(p) for p in existing)}"
-        paths = tuple(str(p) for p in existing)
-    ctx_name, ctx_ns = context_namespace(docs, context)
-    server = _server(docs, ctx_name, where)
+    return _from_docs(docs, where, context, namespace, sa_namespace_file, verify_ssl)
+
+
+def _in_cluster(
+    namespace: str | None, sa_namespace_file: str | os.PathLike[str], verify: bool
+) -> ClusterConfig:
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port or not Path(SA_TOKEN_FILE).is_file():
+        raise BackendError(
+            "cannot load Kubernetes credentials from the in-cluster service account "
+            f"(KUBERNETES_SERVICE_HOST/PORT and {SA_TOKEN_FILE} are needed); {HOW_TO_CONNECT}"
+        )
+    server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
     return ClusterConfig(
-        namespace=discover_namespace(namespace, ctx_ns, sa_namespace_file),
+        namespace=discover_namespace(namespace, None, sa_namespace_file),
         server=server,
-        context=ctx_name,
-        paths=paths,
-        config_dict=dict(config_dict) if config_dict is not None else None,
-        verify_ssl=verify_ssl,
+        in_cluster=True,
+        where="the in-cluster service account",
+        ca_file=None if not verify else f"{SA_DIR}/ca.crt",
+        insecure=not verify,
+        token_file=SA_TOKEN_FILE,
     )
 
 
-def _credentials_error(cluster: ClusterConfig, exc: BaseException) -> BackendError:
-    where = "in-cluster service account" if cluster.in_cluster else f"kubeconfig (context {cluster.context})"
-    return BackendError(f"cannot load Kubernetes credentials from the {where}: {exc}")
+def _from_docs(
+    docs: Sequence[tuple[Mapping[str, Any], Path]],
+    where: str,
+    context: str | None,
+    namespace: str | None,
+    sa_namespace_file: str | os.PathLike[str],
+    verify: bool,
+) -> ClusterConfig:
+    plain = [d for d, _ in docs]
+    ctx_name, ctx_ns = context_namespace(plain, context)
+    if ctx_name is None:
+        raise BackendError(f"{where} names no current-context: pass a context, or set current-context")
+    found = entry_at(plain, "contexts", ctx_name)
+    if found is None:
+        names = sorted(
+            {str(e.get("name")) for d in plain for e in d.get("contexts") or [] if isinstance(e, dict)}
+        )
+        raise BackendError(
+            f"context {ctx_name!r} not found in {where} (contexts: {', '.join(names) or 'none'})"
+        )
+    ctx = found[0]
+    cluster_name, user_name = str(ctx.get("cluster") or ""), str(ctx.get("user") or "")
+    c, c_dir = _section(docs, "clusters", cluster_name)
+    u, u_dir = _section(docs, "users", user_name)
+    if not c.get("server"):
+        raise BackendError(f"context {ctx_name!r} in {where} has no cluster server")
+    label = f"user {user_name!r} of {where}"
+    ca_file, ca_data = (
+        _path(c.get("certificate-authority"), c_dir),
+        _data(c, "certificate-authority-data", label),
+    )
+    insecure = bool(c.get("insecure-skip-tls-verify"))
+    if insecure and (ca_file or ca_data):
+        raise BackendError(
+            f"cluster {cluster_name!r} of {where}: specifying a root certificates file with the insecure flag "
+            "is not allowed (kubectl refuses it too); remove insecure-skip-tls-verify or the certificate-authority"
+        )
+    if not verify:  # the adapter's switch, like kubectl's --insecure-skip-tls-verify flag: clears the CA
+        insecure, ca_file, ca_data = True, None, None
+    proxy = str(c.get("proxy-url") or "") or None
+    return ClusterConfig(
+        namespace=discover_namespace(namespace, ctx_ns, sa_namespace_file),
+        server=str(c["server"]),
+        context=ctx_name,
+        user=user_name or None,
+        where=where,
+        ca_file=ca_file,
+        ca_data=ca_data,
+        insecure=insecure,
+        tls_server_name=str(c.get("tls-server-name") or "") or None,
+        proxy_url=proxy,
+        **_user(u, u_dir, label, c),
+    )
 
 
-def _load_sync(cluster: ClusterConfig) -> Any:
-    from kubernetes import client as k8s_client
-    from kubernetes import config as k8s_config
+def _section(
+    docs: Sequence[tuple[Mapping[str, Any], Path]], section: str, name: str
+) -> tuple[Mapping[str, Any], Path]:
+    found = entry_at([d for d, _ in docs], section, name)
+    return (found[0], docs[found[1]][1]) if found else ({}, Path.cwd())
 
-    cfg = k8s_client.Configuration()
+
+def _path(value: Any, base: Path) -> str | None:
+    if not value:
+        return None
+    path = Path(str(value)).expanduser()
+    return str(path if path.is_absolute() else base / path)
+
+
+def _data(entry: Mapping[str, Any], key: str, label: str) -> bytes | None:
+    value = entry.get(key)
+    if not value:
+        return None
     try:
-        if cluster.in_cluster:
-            k8s_config.load_incluster_config(client_configuration=cfg)
-        elif cluster.config_dict is not None:
-            k8s_config.load_kube_config_from_dict(
-                dict(cluster.config_dict),
-                context=cluster.context,
-                client_configuration=cfg,
-                persist_config=False,
-            )
-        else:
-            k8s_config.load_kube_config(
-                config_file=os.pathsep.join(cluster.paths),
-                context=cluster.context,
-                client_configuration=cfg,
-                persist_config=False,
-            )
-    except (k8s_config.ConfigException, OSError, ValueError, KeyError) as exc:
-        raise _credentials_error(cluster, exc) from exc
-    if not cluster.verify_ssl:
-        cfg.verify_ssl = False
-    cfg.retries = False  # tenacity (kube/retry.py) is the one retry layer: no hidden urllib3 retries under it
-    cfg.api_key = bearer_keys(cfg.api_key)
-    return cfg
+        return base64.b64decode(str(value), validate=True)
+    except ValueError:
+        raise BackendError(f"{label}: {key} is not valid base64") from None
 
 
-async def _load_async(cluster: ClusterConfig) -> Any:
-    from kubernetes_asyncio import config as async_config
-    from kubernetes_asyncio.client import Configuration
-
-    cfg = Configuration()
-    try:
-        if cluster.in_cluster:
-            async_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        elif cluster.config_dict is not None:
-            await async_config.load_kube_config_from_dict(
-                dict(cluster.config_dict), context=cluster.context, client_configuration=cfg
-            )
-        else:
-            await async_config.load_kube_config(
-                config_file=os.pathsep.join(cluster.paths),
-                context=cluster.context,
-                client_configuration=cfg,
-                persist_config=False,
-            )
-    except (async_config.ConfigException, OSError, ValueError, KeyError) as exc:
-        raise _credentials_error(cluster, exc) from exc
-    if not cluster.verify_ssl:
-        cfg.verify_ssl = False
-    cfg.api_key = bearer_keys(cfg.api_key)
-    return cfg
-
-
-def check_reachable(cluster: ClusterConfig, timeout: float = 5.0) -> None:
-    """Fail fast, naming the server, when nothing answers there: one GET /version, no retries.
-
-    Any HTTP answer (even 401/403) counts as reachable; credentials are checked by the calls that follow.
-    """
-    from kubernetes import client as k8s_client
-
-    api = k8s_client.ApiClient(configuration=cluster.sync_configuration())
-    try:  # a (connect, read) tuple: the client ignores a float timeout
-        k8s_client.VersionApi(api).get_code(_request_timeout=(timeout, timeout))
-        return
-    except k8s_client.ApiException as exc:
-        if exc.status:  # an HTTP answer
-            return
-        failure: Exception = exc  # status 0: the client's wrapping of a TLS failure
-        reason: object = exc.reason
-    except Exception as exc:  # urllib3 connection, timeout and TLS errors
-        failure, reason = exc, getattr(exc, "reason", None) or exc
-    finally:
-        api.close()
-    where = "in-cluster config" if cluster.in_cluster else f"context {cluster.context or '(none)'}"
-    kind = "" if isinstance(reason, str) else f"{type(reason).__name__}: "
-    raise BackendError(
-        f"cannot reach the Kubernetes API server at {cluster.server} ({where}): "
-        f"{kind}{' '.join(str(reason).split())[:200]}; "
-        "check that the cluster is up and that KUBECONFIG / the context point at it"
-    ) from failure
+def _user(u: Mapping[str, Any], base: Path, label: str, cluster: Mapping[str, Any]) -> dict[str, Any]:
+    """The credential settings of one kubeconfig user (client-go's rules for which one applies)."""
+    if u.get("auth-provider"):
+        name = (
+            (u.get("auth-provider") or {}).get("name", "?")
+            if isinstance(u.get("auth-provider"), Mapping)
+            else "?"
+        )
+        raise BackendError(
+            f"{label} uses the auth-provider {name!r}, which trainflow does not support (client-go dropped the "
+            "gcp and azure providers in Kubernetes 1.26); use an exec credential plugin instead "
+            "(for example gke-gcloud-auth-plugin, kubelogin)"
+        )
+    token, token_file = str(u.get("token") or "") or None, _path(u.get("tokenFile"), base)
+    username, password = str(u.get("username") or "") or None, str(u.get("password") or "") or None
+    if (token or token_file) and (username or password):
+        raise BackendError(
+            f"{label}: more than one authentication method found (token, basicAuth); only one is allowed"
+        )
+    out: dict[str, Any] = {
+        "cert_file": _path(u.get("client-certificate"), base),
+        "key_file": _path(u.get("client-key"), base),
+        "cert_data": _data(u, "client-certificate-data", label),
+        "key_data": _data(u, "client-key-data", label),
+        "token": token,
+        "token_file": token_file,
+        "username": username,
+        "password": password,
+        "impersonate": _impersonation(u),
+    }
+    spec = u.get("exec")
+    if isinstance(spec, Mapping):
+        out["exec"] = _exec(spec, base, cluster, label)
+    return out
 
 
-def bearer_keys(api_key: Mapping[str, str] | None) -> dict[str, str]:
-    """The token under both names clients use: kubernetes 30 says 'authorization', 37 and asyncio 'BearerToken'."""
-    keys = dict(api_key or {})
-    token = keys.get("BearerToken") or keys.get("authorization")
-    if token:
-        keys["BearerToken"] = keys["authorization"] = token
-    return keys
+def _impersonation(u: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    pairs: list[tuple[str, str]] = []
+    if u.get("as"):
+        pairs.append(("Impersonate-User", str(u["as"])))
+    if u.get("as-uid"):
+        pairs.append(("Impersonate-Uid", str(u["as-uid"])))
+    pairs += [("Impersonate-Group", str(g)) for g in u.get("as-groups") or []]
+    for key, values in (u.get("as-user-extra") or {}).items():
+        pairs += [(f"Impersonate-Extra-{key}", str(v)) for v in values or []]
+    return tuple(pairs)
+
+
+def _exec(spec: Mapping[str, Any], base: Path, cluster: Mapping[str, Any], label: str) -> ExecSpec:
+    command = str(spec.get("command") or "")
+    if not command:
+        raise BackendError(f"{label}: the exec entry has no command")
+    if os.sep in command and not os.path.isabs(command):  # kubectl: relative to the kubeconfig file
+        command = str(base / command)
+    api_version = str(spec.get("apiVersion") or "")
+    if api_version not in EXEC_API_VERSIONS:
+        raise BackendError(
+            f"{label}: exec apiVersion {api_version!r} is not supported; use one of {', '.join(EXEC_API_VERSIONS)}"
+        )
+    info = _cluster_info(cluster, base) if spec.get("provideClusterInfo") else None
+    env = tuple(
+        (str(e.get("name")), str(e.get("value", ""))) for e in spec.get("env") or [] if isinstance(e, Mapping)
+    )
+    return ExecSpec(
+        command=command,
+        args=tuple(str(a) for a in spec.get("args") or []),
+        env=env,
+        api_version=api_version,
+        cluster_info=info,
+        interactive_mode=str(spec.get("interactiveMode") or "IfAvailable"),
+    )
+
+
+def _cluster_info(cluster: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """The ExecCredential ``spec.cluster`` from a kubeconfig cluster entry (the same kebab-case names); the CA
+    as data even when the kubeconfig names a file, as client-go passes it."""
+    keys = (
+        "server",
+        "certificate-authority-data",
+        "insecure-skip-tls-verify",
+        "tls-server-name",
+        "proxy-url",
+    )
+    info = {k: cluster[k] for k in keys if k in cluster}
+    ca_file = _path(cluster.get("certificate-authority"), base)
+    if ca_file and "certificate-authority-data" not in info:
+        with contextlib.suppress(OSError):
+            info["certificate-authority-data"] = base64.b64encode(Path(ca_file).read_bytes()).decode()
+    return info

@@ -11,7 +11,10 @@ from datetime import datetime
 from typing import Any
 
 from trainflow.core.errors import Diagnostics
-from trainflow.core.kube.plan import Plan, Read, read
+from trainflow.core.kube import calls
+from trainflow.core.kube.calls import Call
+from trainflow.core.kube.plan import Plan
+from trainflow.core.logtail import condense
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,8 @@ STUCK_WAITING_REASONS = frozenset(
 )
 MAX_TEXT = 300
 MAX_LINES = 20
+# a failed rank's log is read this far back (bounded), then condensed to the tail the error shows
+READ_LINES, READ_BYTES = 400, 65536
 
 
 def _short(text: Any, limit: int = MAX_TEXT) -> str:
@@ -84,6 +89,8 @@ def pod_problems(pods: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[dic
                 problems.append(
                     f"pod {name} {kind} {cname}: {waiting['reason']}: {_short(waiting.get('message'))}"
                 )
+            # restarted in place (restartPolicy OnFailure): the crash is the last state, its log the previous one
+            restarted = not state.get("terminated") and bool((cs.get("lastState") or {}).get("terminated"))
             terminated = state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
             code = terminated.get("exitCode")
             if terminated and (code not in (0, None) or terminated.get("reason") == "OOMKilled"):
@@ -101,6 +108,8 @@ def pod_problems(pods: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[dic
                     entry["step"] = job
                 if terminated.get("message"):
                     entry["message"] = _short(terminated["message"])
+                if restarted:
+                    entry["restarted"] = True
                 failed.append(entry)
                 if terminated.get("reason") == "OOMKilled":
                     problems.append(
@@ -167,14 +176,19 @@ def has_creation_failure(events: Iterable[Mapping[str, Any]]) -> bool:
     return any(ev.get("type") == "Warning" and ev.get("reason") == CREATION_FAILED_REASON for ev in events)
 
 
-def _trainjob_events(namespace: str, name: str) -> Read:
-    return read("list_events", namespace, f"involvedObject.kind=TrainJob,involvedObject.name={name}")
+def _trainjob_events(namespace: str, name: str) -> Call:
+    return calls.list_events(namespace, f"involvedObject.kind=TrainJob,involvedObject.name={name}")
+
+
+def items(answer: Any) -> list[dict[str, Any]]:
+    """The items of a list answer."""
+    return list((answer or {}).get("items") or []) if isinstance(answer, dict) else []
 
 
 def creation_failure(namespace: str, name: str) -> Plan[Diagnostics | None]:
     """The TrainJob's creation-failure events (the JobSet could not be made), or None. One events LIST."""
     try:
-        events = yield _trainjob_events(namespace, name)
+        events = items((yield _trainjob_events(namespace, name)))
     except Exception as exc:
         log.debug("events of %s/%s: %r", namespace, name, exc)
         return None
@@ -193,16 +207,16 @@ def collect(
     diag = Diagnostics()
     pods: list[dict[str, Any]] = []
     try:
-        pods = yield read("list_pods", namespace, f"{JOBSET_NAME_LABEL}={name}")
+        pods = items((yield calls.list_pods(namespace, f"{JOBSET_NAME_LABEL}={name}")))
         diag.pod_problems, diag.failed_ranks = pod_problems(pods)
     except Exception as exc:  # diagnostics are best effort
         log.debug("listing pods of %s/%s failed: %r", namespace, name, exc)
     diag.log_tail = yield from _failed_log_tail(namespace, diag.failed_ranks, log_container, tail_lines)
     try:
-        events = list((yield _trainjob_events(namespace, name)))
+        events = items((yield _trainjob_events(namespace, name)))
         pod_names = {str((p.get("metadata") or {}).get("name")) for p in pods}
         if pod_names:
-            events += yield read("list_events", namespace, "involvedObject.kind=Pod,type=Warning")
+            events += items((yield calls.list_events(namespace, "involvedObject.kind=Pod,type=Warning")))
         diag.events = event_lines(events, {name, *pod_names})
     except Exception as exc:
         log.debug("listing events of %s/%s failed: %r", namespace, name, exc)
@@ -212,18 +226,33 @@ def collect(
 def _failed_log_tail(
     namespace: str, failed_ranks: list[dict[str, Any]], log_container: str, tail_lines: int
 ) -> Plan[str]:
-    """The log tail of the first failed rank's trainer container ("" when there is none or it is gone)."""
+    """The log tail of the first failed rank's trainer container ("" when there is none or it is gone), read
+    long enough that a rank's traceback survives torchrun's own report below it (``condense``)."""
     failed = next((r for r in failed_ranks if r.get("container") == log_container), None)
     if failed is None:
         return ""
     try:
-        text = yield read(
-            "log_text", namespace, failed["pod"], log_container, tail_lines=tail_lines, limit_bytes=16384
+        text = yield calls.pod_log(
+            namespace,
+            failed["pod"],
+            log_container,
+            tail_lines=READ_LINES,
+            limit_bytes=READ_BYTES,
+            previous=bool(failed.get("restarted")),
         )
     except Exception as exc:
         log.debug("log tail of %s failed: %r", failed["pod"], exc)
         return ""
-    return "\n".join(str(text).splitlines()[-tail_lines:])
+    return "\n".join(condense(str(text).splitlines(), tail_lines))
+
+
+def crash_of(namespace: str, pod: Mapping[str, Any], tail_lines: int = 20) -> Plan[Diagnostics]:
+    """What a crashed pod shows (handed over by the pod watch): its failed containers, and the trainer's log
+    tail, read now with one request, before the Job deletes the pod."""
+    diag = Diagnostics()
+    diag.pod_problems, diag.failed_ranks = pod_problems([pod])
+    diag.log_tail = yield from _failed_log_tail(namespace, diag.failed_ranks, "node", tail_lines)
+    return diag
 
 
 def keep_first_crash(captured: list[Diagnostics], diag: Diagnostics | None) -> None:
@@ -262,7 +291,7 @@ def inspect_pods(
     collected now when a pod is stuck or a container crashed, while the pods and their logs still exist.
     """
     try:
-        pods = yield read("list_pods", namespace, f"{JOBSET_NAME_LABEL}={name}")
+        pods = items((yield calls.list_pods(namespace, f"{JOBSET_NAME_LABEL}={name}")))
     except Exception as exc:
         log.debug("pods of %s/%s: %r", namespace, name, exc)
         return None, None
@@ -278,18 +307,13 @@ def rank0_log_tail(namespace: str, name: str, tail_lines: int) -> Plan[list[str]
         f"{JOBSET_NAME_LABEL}={name},{REPLICATED_JOB_LABEL} in (launcher,node),{COMPLETION_INDEX_LABEL}=0"
     )
     try:
-        pods = yield read("list_pods", namespace, selector, limit=10)
+        pods = items((yield calls.list_pods(namespace, selector, limit=10)))
         launcher = [p for p in pods if pod_label(p, REPLICATED_JOB_LABEL) == "launcher"]
         pod = newest(launcher or pods)  # MPI: rank 0 is the launcher
         if pod is None:
             return []
-        text = yield read(
-            "log_text",
-            namespace,
-            str(pod["metadata"]["name"]),
-            "node",
-            tail_lines=tail_lines,
-            limit_bytes=1 << 20,
+        text = yield calls.pod_log(
+            namespace, str(pod["metadata"]["name"]), "node", tail_lines=tail_lines, limit_bytes=1 << 20
         )
     except Exception as exc:
         log.debug("no log tail of %s/%s: %r", namespace, name, exc)

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from trainflow.core.errors import BackendError, InvalidRequest, NotFound
-from trainflow.core.kube import retry
+from trainflow.core.kube import calls, retry
 from trainflow.core.kube.client import KubeApi, iter_lines
 from trainflow.core.kube.diagnostics import (
     COMPLETION_INDEX_LABEL,
@@ -20,6 +20,7 @@ from trainflow.core.kube.diagnostics import (
     REPLICATED_JOB_LABEL,
     newest,
 )
+from trainflow.core.kube.http import finish
 from trainflow.core.naming import TRAINER_CONTAINER
 
 if TYPE_CHECKING:
@@ -107,6 +108,53 @@ def parse_timestamp(line: str) -> tuple[int | None, str]:
     return int(seconds) * 1_000_000_000 + nanos, text
 
 
+class Resume:
+    """Where a followed log got to, so a reconnect neither replays nor skips lines: the newest timestamp seen
+    and the lines already copied at that timestamp (``timestamps=true`` lines, resumed with sinceSeconds)."""
+
+    def __init__(self) -> None:
+        self.last_ts: int | None = None
+        self.at_last_ts: set[str] = set()
+
+    def since_seconds(self) -> int | None:
+        """Whole seconds back from now to ask for on a reconnect (with margin for clock skew); None at first."""
+        if self.last_ts is None:
+            return None
+        return max(1, math.ceil(time.time() - self.last_ts / 1e9) + 2)
+
+    def fresh(self, raw: str) -> str | None:
+        """The text of a new line; None for one copied before the reconnect."""
+        ts, text = parse_timestamp(raw)
+        if (
+            ts is not None
+            and self.last_ts is not None
+            and (ts < self.last_ts or (ts == self.last_ts and text in self.at_last_ts))
+        ):
+            return None
+        if ts is not None:
+            if ts != self.last_ts:
+                self.last_ts, self.at_last_ts = ts, set()
+            self.at_last_ts.add(text)
+        return text
+
+
+def ended(pod: Mapping[str, Any] | None, name: str, container: str, dropped: bool) -> bool:
+    """After a followed stream closed: is that container's log complete (no reconnect)?"""
+    if pod is None or str((pod.get("metadata") or {}).get("name")) != name:
+        return True  # the pod is gone or was replaced: that container's log is complete
+    state = container_state(pod, container)
+    return not dropped and state == "terminated" and not will_restart(pod, container)
+
+
+def pod_ready_for_logs(pod: Mapping[str, Any] | None, container: str) -> bool:
+    return pod is not None and container_state(pod, container) in ("running", "terminated")
+
+
+def not_started(target: StepTarget, pod: Mapping[str, Any] | None, waited: float) -> str:
+    found = "exists but its container has not started" if pod else "does not exist yet"
+    return f"pod for step {target.step!r} ({target.selector}) {found} after {waited:.0f}s"
+
+
 class LogReader:
     """Reads one step's log through a KubeApi; bounded waits, reconnects without replaying."""
 
@@ -118,19 +166,18 @@ class LogReader:
         self.reconnects = 0
 
     def find_pod(self) -> dict[str, Any] | None:
-        return newest(self.api.list_pods(self.namespace, self.target.selector, limit=20))
+        answer = self.api.run(calls.list_pods(self.namespace, self.target.selector, limit=20))
+        return newest(list(answer.get("items") or []))
 
     def wait_for_pod(self, deadline: float) -> dict[str, Any]:
         """Wait (bounded) until the step's pod exists and its container has started."""
         delay = 0.5
         while True:
             pod = self.find_pod()
-            if pod is not None and container_state(pod, self.target.container) in ("running", "terminated"):
+            if pod is not None and pod_ready_for_logs(pod, self.target.container):
                 return pod
             if time.time() >= deadline:
-                where = f"pod for step {self.target.step!r} ({self.target.selector})"
-                found = "exists but its container has not started" if pod else "does not exist yet"
-                raise BackendError(f"{where} {found} after {self.pod_wait:.0f}s")
+                raise BackendError(not_started(self.target, pod, self.pod_wait))
             time.sleep(min(delay, max(0.0, deadline - time.time())))
             delay = min(delay * 1.5, 5.0)
 
@@ -139,34 +186,33 @@ class LogReader:
         if pod is None:
             raise BackendError(f"no pod for step {self.target.step!r} yet ({self.target.selector})")
         name = str(pod["metadata"]["name"])
-        resp = self.api.pod_log(self.namespace, name, self.target.container, tail_lines=tail_lines)
+        resp = self.api.run(
+            calls.pod_log(self.namespace, name, self.target.container, tail_lines=tail_lines, stream=True)
+        )
         try:
             for raw in iter_lines(resp):
                 yield raw.decode("utf-8", "replace")
         finally:
-            resp.release_conn()
+            finish(resp)
 
     def follow(self, tail_lines: int | None = None, max_reconnects: int = 50) -> Iterator[str]:
         pod = self.wait_for_pod(time.time() + self.pod_wait)
         name = str(pod["metadata"]["name"])
-        last_ts: int | None = None
-        at_last_ts: set[str] = set()
+        resume = Resume()
         attempt = 0
         while True:
-            since = None
-            if last_ts is not None:
-                # whole seconds back from now, with margin for clock skew; older lines are dropped below
-                since = max(1, math.ceil(time.time() - last_ts / 1e9) + 2)
             dropped = False
             try:
-                resp = self.api.pod_log(
-                    self.namespace,
-                    name,
-                    self.target.container,
-                    follow=True,
-                    timestamps=True,
-                    tail_lines=tail_lines if last_ts is None else None,
-                    since_seconds=since,
+                resp = self.api.run(
+                    calls.pod_log(
+                        self.namespace,
+                        name,
+                        self.target.container,
+                        follow=True,
+                        timestamps=True,
+                        tail_lines=tail_lines if resume.last_ts is None else None,
+                        since_seconds=resume.since_seconds(),
+                    )
                 )
             except NotFound:  # the pod went away between the look and the open: checked below
                 dropped = True
@@ -174,30 +220,17 @@ class LogReader:
             if resp is not None:
                 try:
                     for raw in iter_lines(resp):
-                        ts, text = parse_timestamp(raw.decode("utf-8", "replace"))
-                        if (
-                            ts is not None
-                            and last_ts is not None
-                            and (ts < last_ts or (ts == last_ts and text in at_last_ts))
-                        ):
-                            continue
-                        if ts is not None:
-                            if ts != last_ts:
-                                last_ts, at_last_ts = ts, set()
-                            at_last_ts.add(text)
-                        attempt = 0
-                        yield text
+                        text = resume.fresh(raw.decode("utf-8", "replace"))
+                        if text is not None:
+                            attempt = 0
+                            yield text
                 except Exception as exc:
                     if not retry.is_connection_error(exc):
                         raise
                     dropped = True
                 finally:
-                    resp.release_conn()
-            current = self.find_pod()
-            if current is None or str(current["metadata"]["name"]) != name:
-                return  # pod gone or replaced: that container's log is complete
-            state = container_state(current, self.target.container)
-            if not dropped and state == "terminated" and not will_restart(current, self.target.container):
+                    finish(resp)
+            if ended(self.find_pod(), name, self.target.container, dropped):
                 return
             attempt += 1
             self.reconnects += 1

@@ -1,32 +1,19 @@
 """Plans: read sequences written once and run on the sync ``KubeApi`` or the ``AsyncKubeApi``.
 
-A plan is a generator that yields ``Read`` steps (a method name of both APIs and its arguments) and receives
-each answer, or the error raised, back; its return value is the outcome. ``run`` and ``arun`` drive it.
+A plan is a generator that yields ``Call`` steps (kube/calls.py) and receives each answer, or the error raised,
+back; its return value is the outcome. ``run`` and ``arun`` drive it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from trainflow.core.kube.calls import Call
 
 T = TypeVar("T")
 
-
-@dataclass(frozen=True)
-class Read:
-    """One API call of a plan: ``getattr(api, method)(*args, **kwargs)``."""
-
-    method: str
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-Plan = Generator[Read, Any, T]
-
-
-def read(method: str, *args: Any, **kwargs: Any) -> Read:
-    return Read(method, args, kwargs)
+Plan = Generator[Call, Any, T]
 
 
 def run(plan: Plan[T], api: Any) -> T:
@@ -35,7 +22,7 @@ def run(plan: Plan[T], api: Any) -> T:
         step = next(plan)
         while True:
             try:
-                value = getattr(api, step.method)(*step.args, **step.kwargs)
+                value = api.run(step)
             except Exception as exc:
                 step = plan.throw(exc)
                 continue
@@ -50,7 +37,7 @@ async def arun(plan: Plan[T], api: Any) -> T:
         step = next(plan)
         while True:
             try:
-                value = await getattr(api, step.method)(*step.args, **step.kwargs)
+                value = await api.run(step)
             except Exception as exc:
                 step = plan.throw(exc)
                 continue

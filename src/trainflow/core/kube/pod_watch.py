@@ -1,10 +1,10 @@
-"""A namespace-wide pod watch beside the shared TrainJob watch: it tells waiters the moment a container crashes.
+"""A pod watch beside the TrainJob watch: it hands waiters a crashed pod the moment a container fails.
 
 On a real cluster the Job deletes a crashed pod before the TrainJob turns Failed, taking its exit code and
-log with it. Waiters on the shared watch read ``jobsStatus`` counts, which can lag behind a short crash, so
-this watch names the JobSet (= TrainJob) of every pod whose container failed, once per crash; the waiter
-then reads the pods and log tail while they exist. It keeps no pods in memory. Without RBAC to watch pods
-it stops and waiters fall back to the counts.
+log with it, and the Trainer's ``jobsStatus`` counts lag behind a short crash. So this watch hands the waiters
+of the pod's JobSet (= TrainJob) the pod itself, once per crash, and the waiter reads that container's log
+tail at once, before anything else. It keeps no pods in memory. Without RBAC to watch pods it stops and
+waiters fall back to the counts.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 from trainflow.core.errors import PermissionDenied
+from trainflow.core.kube import calls
 from trainflow.core.kube.aio import AsyncKubeApi
+from trainflow.core.kube.apierrors import described
 from trainflow.core.kube.diagnostics import JOBSET_NAME_LABEL, pod_label, pod_problems
-from trainflow.core.kube.listwatch import list_and_watch, read_events
-from trainflow.core.kube.watch import WatchStats
+from trainflow.core.kube.listwatch import WatchStats, list_and_watch, list_pages, watch_once
 
 log = logging.getLogger(__name__)
 
@@ -41,70 +42,95 @@ def crash_signature(pod: dict[str, Any]) -> tuple[str, ...]:
     )
 
 
-class CrashAlerts:
-    """Event handler: calls ``alert(jobset name)`` once per new crash signature of a pod."""
+def start_signature(pod: dict[str, Any]) -> tuple[str, ...]:
+    """The containers of a pod that have started (running or ended), with their restart counts."""
+    started = []
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in (pod.get("status") or {}).get(key) or []:
+            state = cs.get("state") or {}
+            if state.get("running") is not None or state.get("terminated") is not None:
+                started.append(f"{cs.get('name')}:{cs.get('restartCount', 0)}")
+    return tuple(sorted(started))
 
-    def __init__(self, alert: Callable[[str], None]) -> None:
+
+Alert = Callable[[str, dict[str, Any]], None]  # (jobset name, pod)
+
+
+class CrashAlerts:
+    """Event handler: ``alert(jobset name, pod)`` once per new crash signature of a pod, and ``started(...)``
+    once per container start (log followers wait for those instead of polling for a pod)."""
+
+    def __init__(self, alert: Alert, started: Alert | None = None) -> None:
         self.alert = alert
+        self.started = started
         self.seen: dict[str, tuple[str, ...]] = {}  # pod uid -> crash signature already reported
+        self.starts: dict[str, tuple[str, ...]] = {}  # pod uid -> start signature already reported
 
     def apply(self, kind: str, pod: dict[str, Any]) -> None:
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         if kind == "DELETED":
             self.seen.pop(uid, None)
+            self.starts.pop(uid, None)
             return
+        name = pod_label(pod, JOBSET_NAME_LABEL)
+        if self.started is not None:
+            began = start_signature(pod)
+            if began and self.starts.get(uid) != began:
+                self.starts[uid] = began
+                if name:
+                    self.started(name, pod)
         signature = crash_signature(pod)
         if not signature or self.seen.get(uid) == signature:
             return
         self.seen[uid] = signature
-        name = pod_label(pod, JOBSET_NAME_LABEL)
         if name:
-            self.alert(name)
+            self.alert(name, pod)
 
     def keep_only(self, uids: set[str]) -> None:
         """After a re-list: forget the pods that are gone."""
         self.seen = {k: v for k, v in self.seen.items() if k in uids}
+        self.starts = {k: v for k, v in self.starts.items() if k in uids}
 
 
-async def _list(api: AsyncKubeApi, namespace: str, alerts: CrashAlerts) -> str:
-    """List page by page (a triggerer never holds a big namespace's pods at once); the version to watch from."""
-    rv, token, uids = "", None, set()
-    while True:
-        page = await api.list_pods_page(namespace, JOBSET_NAME_LABEL, PAGE, token)
-        meta = page.get("metadata") or {}
-        rv = rv or str(meta.get("resourceVersion") or "")
-        for pod in page.get("items") or []:
-            uids.add(str((pod.get("metadata") or {}).get("uid") or ""))
-            alerts.apply("ADDED", pod)
-        token = meta.get("continue")
-        if not token:
-            alerts.keep_only(uids)
-            return rv
+async def _list(api: AsyncKubeApi, namespace: str, selector: str, alerts: CrashAlerts) -> str:
+    uids: set[str] = set()
 
+    def each(pod: dict[str, Any]) -> None:
+        uids.add(str(pod["metadata"].get("uid") or ""))
+        alerts.apply("ADDED", pod)
 
-async def _watch(
-    api: AsyncKubeApi, namespace: str, alerts: CrashAlerts, stats: WatchStats, rv: str
-) -> str | None:
-    resp = await api.watch_pods(namespace, JOBSET_NAME_LABEL, rv, WINDOW)
-    stats.watches += 1
-    return await read_events(resp, rv, f"pods in {namespace!r}", stats, alerts.apply)
+    rv = await list_pages(lambda token: api.run(calls.list_pods(namespace, selector, PAGE, token)), each)
+    alerts.keep_only(uids)
+    return rv
 
 
 async def watch_crashes(
-    api: AsyncKubeApi, namespace: str, alert: Callable[[str], None], stats: WatchStats
+    api: AsyncKubeApi,
+    namespace: str,
+    alert: Alert,
+    stats: WatchStats,
+    job: str | None = None,
+    started: Alert | None = None,
+    on_stop: Callable[[], None] = lambda: None,
 ) -> None:
-    """Until cancelled (or refused): ``alert(name)`` when a container of TrainJob ``name``'s pods fails."""
-    alerts = CrashAlerts(alert)
+    """Until cancelled (or refused): ``alert(name, pod)`` when a container of TrainJob ``name``'s pods fails,
+    ``started(name, pod)`` when one starts. ``job``: that TrainJob's pods only (a waiter of its own), else every
+    TrainJob's in the namespace. ``on_stop`` when the watch gives up (no RBAC to watch pods)."""
+    alerts = CrashAlerts(alert, started)
+    selector = f"{JOBSET_NAME_LABEL}={job}" if job else JOBSET_NAME_LABEL
 
     def stopped(exc: BaseException) -> None:
+        on_stop()
         if isinstance(exc, PermissionDenied):
             log.info("pods in %r cannot be watched (%s); crashes are noticed from job counts", namespace, exc)
         else:
-            log.warning("pod watch of %r stopped: %r", namespace, exc)
+            log.warning("pod watch of %r stopped: %s", namespace, described(exc))
 
     await list_and_watch(
-        functools.partial(_list, api, namespace, alerts),
-        functools.partial(_watch, api, namespace, alerts, stats),
+        functools.partial(_list, api, namespace, selector, alerts),
+        lambda rv: watch_once(
+            api.run(calls.watch_pods(namespace, selector, rv, WINDOW)), rv, stats, alerts.apply
+        ),
         f"pod watch of {namespace!r}",
         stats,
         stopped,

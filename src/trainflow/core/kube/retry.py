@@ -1,7 +1,8 @@
 """One retry policy for every Kubernetes read, patch, delete and watch setup (never for a create).
 
-Retried: 429 (honouring Retry-After), 5xx, and connection-level failures (urllib3/aiohttp errors, resets,
-timeouts). Not retried: every other 4xx, programming errors. Bounded attempts, exponential backoff with jitter.
+Retried: 429 (honouring Retry-After), 5xx, and connection-level failures (httpx transport errors, resets,
+timeouts). Not retried: every other 4xx, a server certificate that does not verify, programming errors.
+Bounded attempts, exponential backoff with jitter.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import asyncio
 import email.utils
 import http.client
 import random
+import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -43,16 +45,27 @@ def status_of(exc: BaseException) -> int | None:
     return None
 
 
+def tls_failure(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate verification error behind a connection failure, if that is what it was."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def is_connection_error(exc: BaseException) -> bool:
     """Transport failures: the request may not have reached the server, or its answer was lost."""
+    if tls_failure(exc) is not None:
+        return False  # a configuration error: trying again cannot help
     if isinstance(exc, ConnectionError | TimeoutError | http.client.HTTPException):
         return True
-    urllib3 = sys.modules.get("urllib3")  # loaded with the sync client only: an event loop never needs it
-    if urllib3 is not None and isinstance(exc, urllib3.exceptions.HTTPError):
+    httpx = sys.modules.get("httpx")  # loaded with the transports
+    if httpx is not None and isinstance(exc, httpx.TransportError):
         return True
-    aiohttp = sys.modules.get("aiohttp")  # only loaded when the async path is in use
-    if aiohttp is not None and isinstance(exc, aiohttp.ClientError):
-        return not isinstance(exc, aiohttp.ClientResponseError)
     return isinstance(exc, asyncio.TimeoutError)
 
 

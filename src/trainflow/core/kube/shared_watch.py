@@ -1,15 +1,19 @@
-"""One namespace-wide TrainJob watch per (API server, namespace) per event loop, shared by every async waiter.
+"""TrainJob watches shared by the waiters of one event loop: one per (identity, namespace) for deferred tasks,
+or one per job for a waiter of its own.
 
-A ``NamespaceWatch`` task lists the namespace's TrainJobs, watches from that resourceVersion, re-lists on
-410 Gone and reconnects with backoff on drops; each event goes to the waiters of that TrainJob's name. The
-task stops (and closes its connection) when its last waiter leaves. Waiting on a thousand jobs costs one
-TrainJob watch, plus the pod watch of kube/pod_watch.py that tells waiters of crashes. Registries are per
-event loop (aiohttp sessions cannot cross loops).
+A ``SharedWatch`` task lists the TrainJobs in its scope, watches from that resourceVersion (kube/listwatch.py:
+client-go's reflector rules) and hands each event to the waiters of that TrainJob's name; a pod watch beside
+it hands them a crashed pod, and beside a namespace's, a Workload watch hands them Kueue's word. A fatal error
+(403, 404 of the TrainJob API, a 401 that survives refreshes, a server gone too long) reaches every waiter at
+once, as the same typed error a sync call raises. The task stops, and closes its connections, when its last
+waiter leaves; a waiter that subscribes meanwhile starts a new one. Registries are per event loop (an async
+HTTP client cannot cross loops).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import importlib
@@ -21,46 +25,62 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from trainflow.core.errors import BackendError, TrainJobNotFound
+from trainflow.core.kube import calls
 from trainflow.core.kube.aio import AsyncKubeApi
-from trainflow.core.kube.listwatch import list_and_watch, read_events
+from trainflow.core.kube.apierrors import described
+from trainflow.core.kube.http import Transport
+from trainflow.core.kube.listwatch import WatchStats, beside, list_and_watch, list_pages, read_events
 from trainflow.core.kube.pod_watch import watch_crashes
-from trainflow.core.kube.transport import Transport
-from trainflow.core.kube.watch import WatchStats
+from trainflow.core.kube.queue_watch import QueueNews, watch_queue
+from trainflow.core.kueue import QueueStatus
 
 log = logging.getLogger(__name__)
 
-WatchKey = tuple[str, str]  # (server URL, namespace)
-Connect = Callable[[], AbstractAsyncContextManager[Transport]]  # a transport with freshly loaded credentials
-MAX_REAUTH = 3  # 401s in a row (an expired exec-plugin token): reload the credentials, then give up
+WatchKey = tuple[str, str, str | None]  # (connection identity, namespace, one job's name or None)
+Connect = Callable[[], AbstractAsyncContextManager[Transport]]  # a transport on a new session
 
 WINDOW = 300
+PAGE = 500
 GRACE = 5.0  # how long a waiter whose job is not in the cache waits for its ADDED event before a GET
+MAX_CRASHES = 8  # crashed pods a mailbox keeps until its waiter reads them
+MAX_STARTS = 64  # pods started that a log-following waiter has not read yet
+MAX_VERSIONS = 16  # versions of its job a mailbox keeps until its waiter reads them (then the newest ones)
 
 
 class Update(NamedTuple):
-    """What a waiter learns from ``next_update``."""
+    """What a waiter learns from ``next_update``: the versions of its job since the last update (oldest first,
+    so no status a waiter reports is skipped), whether it was deleted, and the pods that crashed since."""
 
-    obj: dict[str, Any] | None
+    objs: tuple[dict[str, Any], ...]
     deleted: bool
-    crashed: bool  # a container of the job's pods failed: look at the pods now, before they are deleted
+    crashed: tuple[dict[str, Any], ...] = ()
+    queue: tuple[QueueStatus | None, ...] = ()  # Kueue's word on the job, when it changed: (the newest,)
+
+    @property
+    def obj(self) -> dict[str, Any] | None:
+        return self.objs[-1] if self.objs else None
 
 
 class Mailbox:
-    """Latest news for one waiter: the newest object, and whether the job was deleted; never grows."""
+    """Latest news for one waiter: the newest object, whether it was deleted, crashed pods; bounded."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, watch: SharedWatch) -> None:
         self.name = name
+        self.watch = watch
         self.obj: dict[str, Any] | None = None
+        self.unread: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_VERSIONS)
         self.deleted = False
         self.error: BaseException | None = None
         self.changed = asyncio.Event()
         self.version = 0
         self.consumed = 0
-        self.crashes = 0  # pod watch: a container of this job's pods ended in failure
-        self.crashes_seen = 0
+        self.crashed: list[dict[str, Any]] = []
+        self.started: asyncio.Queue[dict[str, Any]] | None = None  # see follow_pods
+        self.queue: tuple[QueueStatus | None, ...] = ()  # unread news of the namespace's Workload watch
 
     def put(self, obj: dict[str, Any]) -> None:
         self.obj, self.deleted = obj, False
+        self.unread.append(obj)
         self.version += 1
         self.changed.set()
 
@@ -69,33 +89,67 @@ class Mailbox:
         self.version += 1
         self.changed.set()
 
-    def put_crash(self) -> None:
-        self.crashes += 1
+    def put_crash(self, pod: dict[str, Any]) -> None:
+        if len(self.crashed) < MAX_CRASHES:
+            self.crashed.append(pod)
         self.changed.set()
 
-    def put_error(self, exc: BaseException) -> None:
-        self.error = exc
+    def put_queue(self, status: QueueStatus | None) -> None:
+        self.queue = (status,)
         self.changed.set()
+
+    def put_started(self, pod: dict[str, Any]) -> None:
+        """A container of this job's pods started (only for a waiter that follows logs)."""
+        if self.started is not None and self.started.qsize() < MAX_STARTS:
+            self.started.put_nowait(pod)
+
+    def put_error(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+        self.changed.set()
+
+    def pending(self) -> bool:
+        return (
+            bool(self.queue) or self.version != self.consumed or bool(self.crashed) or self.error is not None
+        )
 
 
 @dataclass
-class NamespaceWatch:
-    """The shared watch task of one (server, namespace) in one event loop."""
+class SharedWatch:
+    """The watch task of one key in one event loop."""
 
     key: WatchKey
     connect: Connect
     mailboxes: dict[str, set[Mailbox]] = field(default_factory=dict)
     objects: dict[str, dict[str, Any]] = field(default_factory=dict)
     stats: WatchStats = field(default_factory=WatchStats)
-    pod_stats: WatchStats = field(default_factory=WatchStats)  # the pod watch that reports crashes
-    synced: asyncio.Event = field(default_factory=asyncio.Event)
+    pod_stats: WatchStats = field(default_factory=WatchStats)
+    queue_stats: WatchStats = field(default_factory=WatchStats)
+    queue: QueueNews = field(init=False)
+    settled: asyncio.Event = field(default_factory=asyncio.Event)  # the first list answered, or it failed
+    error: BaseException | None = None
+    connected: bool = False  # the server answered the latest request
+    pods_watched: bool = True  # False once the pod watch was refused (no RBAC): followers look for pods
+    closing: bool = False
     task: asyncio.Task[None] | None = None
     api: AsyncKubeApi | None = None
-    client_import: asyncio.Future[Any] | None = None  # the loop's one off-loop import of aiohttp
+    client_import: asyncio.Future[Any] | None = None  # the loop's one off-loop import of the HTTP client
+    runtimes: dict[tuple[str, str, str], Any] = field(default_factory=dict)  # log followers' runtime reads
+
+    def __post_init__(self) -> None:
+        self.queue = QueueNews(self.mailboxes)  # hands each job's waiters its Workload's news
 
     @property
     def namespace(self) -> str:
         return self.key[1]
+
+    @property
+    def job(self) -> str | None:
+        return self.key[2]
+
+    @property
+    def usable(self) -> bool:
+        return not self.closing and self.error is None and self.task is not None and not self.task.done()
 
     @property
     def waiter_count(self) -> int:
@@ -108,30 +162,55 @@ class NamespaceWatch:
             else:
                 box.put(obj)
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
+        """A fatal error: every waiter learns it now; later subscribers start a new watch."""
+        if self.error is None:
+            self.error = exc
+            log.warning("TrainJob watch of %r stopped: %s", self.namespace, described(exc))
         for boxes in self.mailboxes.values():
             for box in boxes:
                 box.put_error(exc)
+        self.settled.set()
 
-    def _crashed(self, name: str) -> None:
+    def _crashed(self, name: str, pod: dict[str, Any]) -> None:
         for box in self.mailboxes.get(name, ()):
-            box.put_crash()
+            box.put_crash(pod)
 
-    def _stopped(self, exc: BaseException) -> None:
-        log.warning("shared TrainJob watch %s stopped: %r", self.key, exc)
-        self._fail_all(exc)
+    def _started(self, name: str, pod: dict[str, Any]) -> None:
+        for box in self.mailboxes.get(name, ()):
+            box.put_started(pod)
+
+    def _pods_refused(self) -> None:
+        self.pods_watched = False
+
+    def _contact(self, ok: bool) -> None:
+        self.connected = ok
 
     async def _list(self, api: AsyncKubeApi) -> str:
-        listed = await api.list_trainjobs(self.namespace)
-        fresh = {str(i["metadata"]["name"]): i for i in listed.get("items") or []}
+        selector = f"metadata.name={self.job}" if self.job else None
+        fresh: dict[str, dict[str, Any]] = {}
+
+        def each(item: dict[str, Any]) -> None:
+            fresh[str(item["metadata"].get("name"))] = item
+
+        rv = await list_pages(
+            lambda token: api.run(
+                calls.list_trainjobs(
+                    self.namespace, field_selector=selector, limit=PAGE, continue_token=token
+                )
+            ),
+            each,
+        )
         self.objects = fresh
         for name in list(self.mailboxes):
             self._dispatch(name, fresh.get(name))
-        self.synced.set()
-        return str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        self.settled.set()
+        return rv
 
     def _apply(self, kind: str, item: dict[str, Any]) -> None:
-        name = str((item.get("metadata") or {}).get("name"))
+        name = str(item["metadata"].get("name"))
+        if self.job and name != self.job:
+            return
         if kind == "DELETED":
             self.objects.pop(name, None)
             self._dispatch(name, None)
@@ -139,53 +218,56 @@ class NamespaceWatch:
             self.objects[name] = item
             self._dispatch(name, item)
 
-    async def _watch_once(self, api: AsyncKubeApi, rv: str) -> str | None:
-        """One watch request; returns the newest resourceVersion, or None when a re-list is needed."""
-        resp = await api.watch_trainjobs(self.namespace, rv, WINDOW)
+    async def _watch_once(self, api: AsyncKubeApi, rv: str) -> tuple[str, bool]:
+        selector = f"metadata.name={self.job}" if self.job else None
+        resp = await api.run(calls.watch_trainjobs(self.namespace, rv, WINDOW, field_selector=selector))
         self.stats.watches += 1
-        return await read_events(resp, rv, f"TrainJobs in {self.namespace!r}", self.stats, self._apply)
+        self.connected = True
+        return await read_events(resp, rv, self.stats, self._apply)
 
     async def run(self) -> None:
-        if self.client_import is not None:
-            await asyncio.shield(self.client_import)  # never import on the loop: it would block every waiter
-
-        reauth = 0
-        while True:
-            try:
-                async with self.connect() as transport:
-                    self.api = api = AsyncKubeApi(transport)
-                    crashes = asyncio.get_running_loop().create_task(
-                        watch_crashes(api, self.namespace, self._crashed, self.pod_stats),
-                        name=f"trainflow-pod-watch-{self.namespace}",
+        try:
+            if self.client_import is not None:
+                await asyncio.shield(
+                    self.client_import
+                )  # never import on the loop: it would block every waiter
+            async with self.connect() as transport:
+                self.api = api = AsyncKubeApi(transport)
+                pods = watch_crashes(
+                    api,
+                    self.namespace,
+                    self._crashed,
+                    self.pod_stats,
+                    self.job,
+                    self._started,
+                    self._pods_refused,
+                )
+                queue = None if self.job else watch_queue(api, self.namespace, self.queue, self.queue_stats)
+                async with beside(pods, queue):
+                    await list_and_watch(
+                        functools.partial(self._list, api),
+                        functools.partial(self._watch_once, api),
+                        f"TrainJob watch of {self.namespace!r}",
+                        self.stats,
+                        self.fail,
+                        self._contact,
                     )
-                    try:
-                        outcome = await list_and_watch(
-                            functools.partial(self._list, api),
-                            functools.partial(self._watch_once, api),
-                            f"shared TrainJob watch {self.key}",
-                            self.stats,
-                            self._stopped,
-                        )
-                    finally:
-                        crashes.cancel()
-                        with contextlib.suppress(asyncio.CancelledError, Exception):
-                            await crashes
-            except Exception as exc:  # the credentials could not be loaded
-                self._fail_all(exc)
-                return
-            if outcome == "reauth" and reauth < MAX_REAUTH:
-                reauth += 1
-                log.info("shared TrainJob watch %s: credentials rejected; reloading them", self.key)
-                continue
-            return
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # credentials that cannot load, anything unexpected: never a silent end
+            self.fail(exc if isinstance(exc, Exception) else BackendError(described(exc)))
+        finally:
+            if self.error is None and not self.closing:
+                self.fail(BackendError(f"the TrainJob watch of {self.namespace!r} ended unexpectedly"))
 
     async def get(self, name: str) -> dict[str, Any] | None:
-        """One GET through the shared client (for a job not seen by the watch yet)."""
-        await self.synced.wait()
-        assert self.api is not None
+        """One GET through the watch's client (for a job not seen by the watch yet)."""
+        if self.api is None:
+            raise self.error or BackendError("the TrainJob watch has not connected")
         self.stats.gets += 1
         try:
-            return await self.api.get_trainjob(self.namespace, name)
+            found: dict[str, Any] = await self.api.run(calls.get_trainjob(self.namespace, name))
+            return found
         except TrainJobNotFound:
             return None
 
@@ -194,44 +276,46 @@ class WatchRegistry:
     """The shared watches of one event loop."""
 
     def __init__(self) -> None:
-        self.watches: dict[WatchKey, NamespaceWatch] = {}
+        self.watches: dict[WatchKey, SharedWatch] = {}
         self.key_stats: dict[WatchKey, WatchStats] = {}  # cumulative, survives watch restarts
         self.started = 0
         self._client_import: asyncio.Future[Any] | None = None
 
     @property
     def active_watches(self) -> int:
-        return sum(1 for w in self.watches.values() if w.task is not None and not w.task.done())
+        return sum(1 for w in self.watches.values() if w.usable)
 
     def stats(self, key: WatchKey) -> WatchStats | None:
-        """Cumulative counters of the shared watch for one (server, namespace) in this loop."""
+        """Cumulative counters of the watch of one key in this loop."""
         return self.key_stats.get(key)
 
-    def api(self, key: WatchKey) -> AsyncKubeApi | NotConnected:
-        """The shared watch's client, for a subscribed waiter's other reads (same connection pool)."""
-        watch = self.watches.get(key)
-        if watch is None or watch.api is None:
-            return NotConnected()
-        return watch.api
+    def _start(self, key: WatchKey, connect: Connect) -> SharedWatch:
+        if self._client_import is None:
+            # import the HTTP client once per loop, in a thread; watch tasks await that one import
+            self._client_import = asyncio.ensure_future(asyncio.to_thread(importlib.import_module, "httpx"))
+        stats = self.key_stats.setdefault(key, WatchStats())
+        watch = SharedWatch(key=key, connect=connect, stats=stats, client_import=self._client_import)
+        self.watches[key] = watch
+        watch.task = asyncio.get_running_loop().create_task(watch.run(), name=f"trainflow-watch-{key[1]}")
+        self.started += 1
+        return watch
 
     @contextlib.asynccontextmanager
     async def subscribe(self, key: WatchKey, connect: Connect, name: str) -> AsyncIterator[Mailbox]:
-        """Register a waiter for one TrainJob name; yields its Mailbox, pre-filled from the cache."""
-        if self._client_import is None:
-            # Import the HTTP client once per loop, in a thread; watch tasks await that one import
-            # (checking sys.modules instead lets a second waiter block the loop on the import lock).
-            self._client_import = asyncio.ensure_future(asyncio.to_thread(importlib.import_module, "aiohttp"))
+        """Register a waiter for one TrainJob name; yields its Mailbox, pre-filled from the cache.
+
+        Between here and the ``yield`` nothing awaits, and teardown removes the watch from the registry before
+        it awaits anything, so a waiter never joins a watch that is stopping.
+        """
         watch = self.watches.get(key)
-        if watch is None or watch.task is None or watch.task.done():
-            stats = self.key_stats.setdefault(key, WatchStats())
-            watch = NamespaceWatch(key=key, connect=connect, stats=stats, client_import=self._client_import)
-            self.watches[key] = watch
-            watch.task = asyncio.get_running_loop().create_task(watch.run(), name=f"trainflow-watch-{key[1]}")
-            self.started += 1
-        box = Mailbox(name)
+        if watch is None or not watch.usable:
+            watch = self._start(key, connect)
+        box = Mailbox(name, watch)
         watch.mailboxes.setdefault(name, set()).add(box)
-        if watch.synced.is_set() and name in watch.objects:
+        if watch.settled.is_set() and name in watch.objects:
             box.put(watch.objects[name])
+        if name in watch.queue.status:
+            box.put_queue(watch.queue.status[name])
         try:
             yield box
         finally:
@@ -240,55 +324,59 @@ class WatchRegistry:
                 boxes.discard(box)
                 if not boxes:
                     del watch.mailboxes[name]
-            if not watch.mailboxes and watch.task is not None:
-                task = watch.task
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            if not watch.mailboxes:
+                watch.closing = True
                 if self.watches.get(key) is watch:
                     del self.watches[key]
+                task = watch.task
+                if task is not None and not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
 
-    async def next_update(self, key: WatchKey, box: Mailbox, timeout: float | None) -> Update | None:
-        """Wait for news about the job (newest object, deleted, a container crashed); None when ``timeout`` passes.
+    async def next_update(self, box: Mailbox, timeout: float | None) -> Update | None:
+        """Wait for news about the job; None when ``timeout`` passes first.
 
-        Raises TrainJobNotFound when the job never existed, or the shared watch's fatal error.
+        Raises TrainJobNotFound when the job does not exist, or the watch's fatal error.
         """
         loop = asyncio.get_running_loop()
         end = None if timeout is None else loop.time() + timeout
+
+        def left() -> float | None:
+            return None if end is None else max(0.0, end - loop.time())
+
+        watch = box.watch
         if box.version == 0 and box.error is None:
-            watch = self.watches.get(key)
-            if watch is None:
-                raise BackendError("the shared TrainJob watch stopped")
-            # the first list answers every waiter registered before it
-            try:
-                remaining = None if end is None else max(0.0, end - loop.time())
-                await asyncio.wait_for(watch.synced.wait(), remaining)
+            try:  # the first list answers every waiter registered before it, or fails them all
+                await asyncio.wait_for(watch.settled.wait(), left())
             except TimeoutError:
                 return None
             if box.version == 0 and box.error is None:
                 # not in the cache: give the watch a moment to deliver ADDED, then ask the server once
-                grace = GRACE if end is None else max(0.0, min(GRACE, end - loop.time()))
+                grace = GRACE if end is None else min(GRACE, left() or 0.0)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(box.changed.wait(), grace)
             if box.version == 0 and box.error is None:
                 obj = await watch.get(box.name)
-                if box.version == 0:
+                if box.version == 0 and box.error is None:
                     if obj is None:
-                        raise TrainJobNotFound(key[1], box.name)
+                        raise TrainJobNotFound(watch.namespace, box.name)
                     box.put(obj)
-        if box.version == box.consumed and box.crashes == box.crashes_seen and box.error is None:
+        if not box.pending():
             box.changed.clear()
-            remaining = None if end is None else max(0.0, end - loop.time())
             try:
-                await asyncio.wait_for(box.changed.wait(), remaining)
+                await asyncio.wait_for(box.changed.wait(), left())
             except TimeoutError:
                 return None
         box.changed.clear()
         if box.error is not None:
             raise box.error
         box.consumed = box.version
-        crashed, box.crashes_seen = box.crashes != box.crashes_seen, box.crashes
-        return Update(box.obj, box.deleted, crashed)
+        crashed, box.crashed = tuple(box.crashed), []
+        objs = tuple(box.unread) or ((box.obj,) if box.obj is not None else ())
+        box.unread.clear()
+        news, box.queue = box.queue, ()
+        return Update(objs, box.deleted, crashed, news)
 
 
 _REGISTRIES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WatchRegistry] = weakref.WeakKeyDictionary()
@@ -305,15 +393,5 @@ def registry() -> WatchRegistry:
 
 
 def active_watches() -> int:
-    """Shared watches running in the current event loop (benchmarks and tests read this)."""
+    """Watches running in the current event loop (benchmarks and tests read this)."""
     return registry().active_watches
-
-
-class NotConnected:
-    """Stands in for the client before the shared watch has one: every read fails (plans are best effort)."""
-
-    def __getattr__(self, name: str) -> Any:
-        async def fail(*args: Any, **kwargs: Any) -> Any:
-            raise BackendError("the shared TrainJob watch has not connected yet")
-
-        return fail

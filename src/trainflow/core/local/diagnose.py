@@ -2,37 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from trainflow.core.errors import Diagnostics
 from trainflow.core.local import store
+from trainflow.core.logtail import condense
 
 LOG_TAIL_LINES = 30
-_GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")
 ENGINE_REASONS = ("SupervisorLost", "LocalEngineError", "StartError", "SecretNotFound")
-
-
-def condense(lines: list[str], keep: int) -> list[str]:
-    """A log tail without torchrun's own noise (agent warnings, the launcher's traceback), so the ranks'
-    output and torchrun's failure report both fit."""
-    out: list[str] = []
-    skipping = False
-    for index, line in enumerate(lines):
-        if skipping:
-            if "ChildFailedError" in line and not line.startswith(" "):
-                skipping = False
-            continue
-        launcher_traceback = line.startswith("Traceback (most recent call last):") and any(
-            "torch/distributed/run.py" in later for later in lines[index : index + 8]
-        )
-        if launcher_traceback:
-            skipping = True
-            continue
-        if _GLOG.match(line):
-            continue
-        out.append(line)
-    return out[-keep:]
 
 
 def diagnose(job: store.JobDir, reason: str) -> Diagnostics:

@@ -35,7 +35,8 @@ from trainflow.core.errors import (
     TrainJobNotFound,
     WaitTimeout,
 )
-from trainflow.core.local import cleanup, diagnose, logs, policies, store, trust
+from trainflow.core.local import cleanup, diagnose, logs, policies, reports, store, trust
+from trainflow.core.logsink import LogSink
 from trainflow.core.observe import UpdateCallback, Waiter, observe, resolve_deadline
 from trainflow.core.reporting import return_value
 from trainflow.core.request import TrainJobRequest
@@ -257,11 +258,15 @@ class LocalBackend:
         started: float,
         on_update: UpdateCallback | None,
         raise_on_failure: bool,
+        feeds: tuple[reports.Cursor, logs.Tails | None],
     ) -> TrainJobResult | None:
-        """One look for ``wait``/``wait_async`` (a few small file reads: fine on an event loop too)."""
-        jref, job = self._job(ref)
+        """One look of ``wait``/``wait_async``: small file reads (fine on an event loop), new reports and lines."""
+        (cursor, tails), (jref, job) = feeds, self._job(ref)
         obj = self._read(job, jref)
-        out = observe(waiter, obj, time.time())
+        reports.replay(cursor, waiter, obj, now := time.time())
+        out = observe(waiter, obj, now)
+        if tails is not None:
+            tails.pump(final=out.done)
         if out.changed and on_update is not None and out.result is not None:
             on_update(out.result)
         result = out.result
@@ -285,10 +290,12 @@ class LocalBackend:
         deadline: float | None = None,
         raise_on_failure: bool = True,
         on_update: UpdateCallback | None = None,
+        logs: LogSink | None = None,
     ) -> TrainJobResult:
         jref, started = self._ref(ref), time.time()
         waiter = Waiter(deadline=resolve_deadline(timeout, deadline))
-        while (done := self._look(jref, waiter, started, on_update, raise_on_failure)) is None:
+        feeds = self._feeds(jref, logs)
+        while (done := self._look(jref, waiter, started, on_update, raise_on_failure, feeds)) is None:
             time.sleep(waiter.next_check(time.time(), self.poll_interval))
         return done
 
@@ -300,12 +307,18 @@ class LocalBackend:
         deadline: float | None = None,
         raise_on_failure: bool = True,
         on_update: UpdateCallback | None = None,
+        logs: LogSink | None = None,
     ) -> TrainJobResult:
         jref, started = self._ref(ref), time.time()
         waiter = Waiter(deadline=resolve_deadline(timeout, deadline))
-        while (done := self._look(jref, waiter, started, on_update, raise_on_failure)) is None:
+        feeds = self._feeds(jref, logs)
+        while (done := self._look(jref, waiter, started, on_update, raise_on_failure, feeds)) is None:
             await asyncio.sleep(waiter.next_check(time.time(), self.poll_interval))
         return done
+
+    def _feeds(self, jref: JobRef, sink: LogSink | None) -> tuple[reports.Cursor, logs.Tails | None]:
+        job = self._job(jref)[1]  # what a wait reads between looks: the new reports, the followed logs
+        return reports.Cursor(job.root), logs.Tails(job, str(jref), sink) if sink is not None else None
 
     # --- logs -----------------------------------------------------------------------------------------
     def logs(
@@ -329,6 +342,10 @@ class LocalBackend:
             return True
 
     # --- control --------------------------------------------------------------------------------------
+    async def cancel_async(self, ref: JobRef | str) -> bool:
+        """``cancel`` in a thread: stopping processes waits for their grace period."""
+        return await asyncio.to_thread(self.cancel, ref)
+
     def cancel(self, ref: JobRef | str) -> bool:
         """Stop every process of the job (SIGTERM, then SIGKILL after a grace period) and delete it."""
         jref, job = self._job(ref)

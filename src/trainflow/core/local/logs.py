@@ -9,6 +9,7 @@ from pathlib import Path
 
 from trainflow.core.errors import CorruptState, InvalidRequest, TrainJobNotFound
 from trainflow.core.local import store
+from trainflow.core.logsink import LogSink
 
 
 def log_path(job: store.JobDir, ref: str, step: str) -> Path:
@@ -74,3 +75,40 @@ def follow(path: Path, tail: int | None, done: Callable[[], bool], poll: float) 
     finally:
         if fh is not None:
             fh.close()
+
+
+class Tails:
+    """The log files of a wait's ``LogSink`` steps, read from where the last look stopped: the local engine's
+    log following, done between the wait's looks (no thread, no open file between looks)."""
+
+    def __init__(self, job: store.JobDir, ref: str, sink: LogSink) -> None:
+        self.sink = sink
+        self.paths: dict[str, Path] = {}
+        for step in sink.steps:
+            try:
+                self.paths[step] = log_path(job, ref, step)
+            except (InvalidRequest, CorruptState, TrainJobNotFound):
+                continue
+        self.offsets = dict.fromkeys(self.paths, 0)
+        self.partial = dict.fromkeys(self.paths, b"")
+
+    def pump(self, final: bool = False) -> None:
+        """Copy the complete lines written since the last look (``final``: the last line too)."""
+        for step, path in self.paths.items():
+            if step in self.sink.broken:
+                continue
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(self.offsets[step])
+                    data = fh.read(1 << 20)
+            except FileNotFoundError:
+                continue
+            self.offsets[step] += len(data)
+            *complete, rest = (self.partial[step] + data).split(b"\n")
+            self.partial[step] = rest
+            if final and rest:
+                complete.append(rest)
+                self.partial[step] = b""
+            for line in complete:
+                if not self.sink.line(step, line.decode("utf-8", errors="replace")):
+                    break

@@ -9,11 +9,10 @@ torch: ``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_A
 
 from __future__ import annotations
 
-import math
 import os
-import re
 import shutil
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,7 @@ from urllib.parse import unquote, urlparse
 
 from trainflow.core.errors import FieldIssue, InvalidRequest
 from trainflow.core.local import limits
+from trainflow.core.quantity import quantity_value
 
 if TYPE_CHECKING:
     from trainflow.core.runtimes import Runtime
@@ -34,7 +34,8 @@ LOOPBACK = "127.0.0.1"
 SUPPORTED_POLICIES = (None, "torch", "jax", "xgboost", "mpi")
 # Variables of the caller's environment that must not leak into a job (they belong to another job/pod).
 STRIPPED_ENV_PREFIXES = ("TRAINFLOW_LOCAL_", "KUBEFLOW_TRAINER_SERVER_")
-_CPU = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)(m?)$")
+# Open MPI's own opt-in to running mpirun as root (both must be set).
+ROOT_SWITCHES = frozenset({"OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"})
 
 
 def local_path(uri: str) -> Path | None:
@@ -48,11 +49,8 @@ def local_path(uri: str) -> Path | None:
 
 
 def _quantity_count(value: Any) -> int:
-    match = _CPU.match(str(value).strip())
-    if not match:
-        return 0
-    number = float(match.group(1)) / (1000 if match.group(2) else 1)
-    return max(math.ceil(number), 1) if number > 0 else 0
+    """GPUs or CPUs of a quantity, rounded up (500m of CPU is one process); 0 when none or not a quantity."""
+    return max(quantity_value(value), 0)
 
 
 def _gpu_count(resources: dict[str, Any]) -> int:
@@ -213,7 +211,9 @@ def make_plan(
             "give 'command' (argv) or 'function'",
         )
     argv = command + args
-    num_nodes = int(trainer.get("numNodes") or runtime.default_num_nodes)
+    from trainflow.core.runtimes import node_count  # the caller holds a Runtime: loaded already
+
+    num_nodes = node_count(trainer.get("numNodes"), runtime)
     if num_nodes < 1:
         raise InvalidRequest.one("num_nodes", f"{num_nodes} nodes", "use 1 or more")
     env = [e for e in _env_entries(trainer, container, home) if e["name"] != OUTPUT_ENV]
@@ -234,13 +234,7 @@ def make_plan(
             "numProcPerNode"
         )
         nproc = int(configured or 1)
-        search = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-        if argv[0] == "mpirun" and shutil.which("mpirun", path=search) is None:
-            raise InvalidRequest.one(
-                "runtime",
-                f"runtime {runtime.name!r} launches with mpirun (MPI policy), and mpirun is not installed here",
-                "install Open MPI so that mpirun is on PATH, or use the kubernetes backend",
-            )
+        _check_mpirun(argv, runtime.name, {e["name"] for e in env if "value" in e})
         argv = [str(jobdir / "hostfile") if a == CLUSTER_HOSTFILE else a for a in argv]
     elif policy == "xgboost":
         nproc = _gpu_count(resources) or 1
@@ -264,6 +258,35 @@ def make_plan(
         "deadline_seconds": spec.get("activeDeadlineSeconds"),
         "secrets_dir": str(home / "secrets"),
     }
+
+
+def _check_mpirun(argv: list[str], runtime: str, env_names: set[str]) -> None:
+    """mpirun must be installed; Open MPI's refuses to start as root unless its own two switches are set."""
+    if argv[0] != "mpirun":
+        return
+    search = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    mpirun = shutil.which("mpirun", path=search)
+    if mpirun is None:
+        raise InvalidRequest.one(
+            "runtime",
+            f"runtime {runtime!r} launches with mpirun (MPI policy), and mpirun is not installed here",
+            "install Open MPI so that mpirun is on PATH, or use the kubernetes backend",
+        )
+    allowed = (env_names | set(os.environ)) >= ROOT_SWITCHES
+    if os.geteuid() == 0 and not allowed and _is_open_mpi(mpirun):
+        raise InvalidRequest.one(
+            "runtime",
+            f"runtime {runtime!r} launches with Open MPI's mpirun, which refuses to run as root",
+            "run as a regular user, or set env OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+        )
+
+
+def _is_open_mpi(mpirun: str) -> bool:
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "Open MPI" in out
 
 
 def free_port() -> int:

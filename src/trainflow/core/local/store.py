@@ -2,7 +2,7 @@
 
 Layout of ``<home>/jobs/<namespace>/<name>/``: ``trainjob.json`` (the TrainJob object, status in the Trainer's
 shape), ``plan.json`` (what the supervisor launches; secret *references* only), ``nodes.json`` (pids, exit
-codes), ``metrics.json`` (what training code reported), ``logs/<step>.log``, ``output/``, ``workspace/``.
+codes), ``metrics.json`` (what training code reported), ``reports.jsonl`` (each report), ``logs/<step>.log``, ``output/``, ``workspace/``.
 Kept free of pydantic so the supervisor starts fast.
 """
 
@@ -28,6 +28,7 @@ TRAINJOB_FILE = "trainjob.json"
 PLAN_FILE = "plan.json"
 NODES_FILE = "nodes.json"
 METRICS_FILE = "metrics.json"
+REPORTS_FILE = "reports.jsonl"  # every report(), in order (core/local/reports.py reads it)
 SUPERVISOR_FILE = "supervisor.json"
 SPAWN_FILE = "spawn.json"
 STATE_LOCK = ".state.lock"
@@ -66,6 +67,16 @@ def write_json(path: Path, data: Any) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def append_line(path: Path, data: Any) -> None:
+    """One JSON line in one ``write`` (O_APPEND): a reader sees whole lines, or waits for the newline."""
+    line = (json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
 
 
 def read_json(path: Path) -> Any:
@@ -251,8 +262,9 @@ def trainer_status(metrics: dict[str, Any]) -> dict[str, Any] | None:
     items = metrics.get("metrics") or {}
     if isinstance(items, dict) and items:
         out["metrics"] = [{"name": str(k), "value": str(v)} for k, v in items.items()]
-    if isinstance(metrics.get("progressPercentage"), int):
-        out["progressPercentage"] = metrics["progressPercentage"]
+    for key in ("progressPercentage", "estimatedRemainingSeconds"):
+        if isinstance(metrics.get(key), int):
+            out[key] = metrics[key]
     return out
 
 

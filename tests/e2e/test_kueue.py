@@ -1,0 +1,255 @@
+"""TrainJobs through the real Kueue (v0.17.0, TrainJob integration) on the testbed (``up.sh --kueue``): queued,
+admitted, preempted and given up on, from the CLI, the backend API (sync and async waits) and KFP steps.
+
+The oracle is Kueue itself: how many Workloads hold quota at once, their preemption counts, and the reasons
+its scheduler writes. Deferred Airflow tasks through Kueue are tests/airflow_deploy/test_deploy_kueue.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import wait_until
+from kueue_env import (
+    HELD,
+    NO_QUOTA,
+    admission_watch,
+    evictions,
+    hold,
+    holds_quota,
+    release_once_all_wait,
+    team_queue,
+    unexplained_waits,
+    workloads,
+)
+from trainflow.core import TrainJobRequest
+from trainflow.core.errors import QueueBudgetExceeded
+from trainflow.core.kube.backend import KubernetesBackend
+from trainflow.core.lifecycle import launch
+from trainflow.core.result import JobState
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
+
+
+@pytest.fixture
+def queue(testbed: Any, namespace: str) -> Iterator[str]:
+    """A ClusterQueue of 4 CPUs for this namespace, LocalQueue ``team``: 4 one-CPU jobs run at once."""
+    with team_queue(testbed.api_client, namespace) as name:
+        yield name
+
+
+def request(name: str, cpu: int, seconds: float, **fields: Any) -> TrainJobRequest:
+    return TrainJobRequest(
+        name=name,
+        image=IMAGE,
+        command=["python", "train.py"],
+        num_nodes=1,
+        resources={"cpu": cpu},
+        runtime_patches=[hold(seconds)],
+        **fields,
+    )
+
+
+def cli(testbed: Any, namespace: str, *args: str) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "trainflow.core.cli", "--backend", "kubernetes", "-n", namespace, *args]
+    env = {**testbed.env, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+KFP_STEP = textwrap.dedent(
+    """
+    import json, sys
+    from kfp import local
+    from trainflow.kfp import make_train_job_component
+
+    args = json.loads(sys.argv[1])
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=args.pop("root"), raise_on_error=True)
+    op = make_train_job_component(base_image="python:3.11", packages_to_install=(), install_kfp_package=False)
+    task = op(**args)
+    print("STEP-STATE", task.outputs["state"], flush=True)
+    """
+)
+
+
+def kfp_step(testbed: Any, namespace: str, name: str, root: Path) -> subprocess.Popen[str]:
+    args = {
+        "root": str(root / name),
+        "name": name,
+        "image": IMAGE,
+        "command": ["python", "train.py"],
+        "num_nodes": 1,
+        "resources": {"cpu": 1},
+        "queue": "team",
+        "extra": {"runtime_patches": [hold(HELD)]},
+        "backend": "kubernetes",
+        "backend_config": {"kubeconfig": str(testbed.kubeconfig)},
+        "namespace": namespace,
+        "timeout": 900.0,
+    }
+    env = {**testbed.env, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-c", KFP_STEP, json.dumps(args)]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def trainjobs(k8s: Any, ns: str) -> list[dict[str, Any]]:
+    return k8s.custom.list_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", ns, "trainjobs")[
+        "items"
+    ]
+
+
+def test_forty_jobs_from_the_cli_and_kfp_steps_run_four_at_a_time(
+    testbed: Any, k8s: Any, namespace: str, queue: str, tmp_path: Path
+) -> None:
+    """20 ``trainflow submit --wait`` and 20 KFP steps at once through a ClusterQueue that fits 4: Kueue never
+    holds quota for more than 4, all 40 complete, each exactly once, and every wait that was held says why."""
+    hold_cli = json.dumps([hold(HELD)])  # held until every step waits, then 2 s each: 10 waves of 4
+    job = ["--queue", queue, "--image", IMAGE, "--num-nodes", "1", "--resources", '{"cpu": 1}']
+    job += ["--set", f"runtime_patches={hold_cli}", "--wait", "--timeout", "900", "--", "python", "train.py"]
+    with (
+        admission_watch(testbed.api_client, namespace) as seen,
+        release_once_all_wait(testbed.api_client, namespace, 40),
+    ):
+        procs = {f"cli-{i}": cli(testbed, namespace, "submit", "--name", f"cli-{i}", *job) for i in range(20)}
+        procs |= {f"kfp-{i}": kfp_step(testbed, namespace, f"kfp-{i}", tmp_path) for i in range(20)}
+        outputs = {name: p.communicate(timeout=1200) for name, p in procs.items()}
+    failed = {
+        n: (out[-2000:], (err or "")[-2000:]) for n, (out, err) in outputs.items() if procs[n].returncode
+    }
+    assert not failed, failed
+    assert not seen["errors"], seen["errors"]
+    assert seen["max"] == 4, f"Kueue held quota for {seen['max']} Workloads at once; the queue fits 4"
+    jobs = trainjobs(k8s, namespace)
+    assert sorted(j["metadata"]["name"] for j in jobs) == sorted(procs), (
+        "one TrainJob per step, no duplicates"
+    )
+    assert all(j["status"]["conditions"][-1]["type"] == "Complete" for j in jobs)
+    assert len(workloads(testbed.api_client, namespace)) == 40 and len(seen["names"]) == 40
+    logs = {n: (out or "") + (err or "") for n, (out, err) in outputs.items()}
+    unexplained = {n: lines for n, text in logs.items() if (lines := unexplained_waits(text))}
+    assert not unexplained, unexplained  # every queued wait gives Kueue's reason
+    held = [n for n, text in logs.items() if NO_QUOTA in text]
+    assert len(held) >= 30, f"only {len(held)} of 40 waits saw their job held back by the queue"
+
+
+def test_preemption_is_not_failure_for_sync_and_async_waits(testbed: Any, namespace: str, queue: str) -> None:
+    """A high-priority job preempts two running low ones; both waits see Kueue's reason, keep waiting through
+    re-admission and end Complete with one preemption counted (Kueue's own count agrees)."""
+    be = KubernetesBackend(kubeconfig=str(testbed.kubeconfig), namespace=namespace)
+    for name in ("low-sync", "low-async"):
+        launch(be, request(name, 2, 60, queue=queue, priority_class="trainflow-low"))
+    wait_until(
+        lambda: all(be.get(n).state is JobState.RUNNING for n in ("low-sync", "low-async")), 120, "running"
+    )
+    updates: dict[str, list[Any]] = {"low-sync": [], "low-async": []}
+
+    async def both() -> list[Any]:
+        sync = asyncio.to_thread(be.wait, "low-sync", timeout=600, on_update=updates["low-sync"].append)
+        deferred = be.wait_async("low-async", timeout=600, on_update=updates["low-async"].append)
+        await asyncio.sleep(3)
+        await asyncio.to_thread(
+            launch, be, request("urgent", 4, 20, queue=queue, priority_class="trainflow-high")
+        )
+        return list(await asyncio.gather(sync, deferred))
+
+    results = asyncio.run(both())
+    for result, name in zip(results, ("low-sync", "low-async"), strict=True):
+        states = [u.state for u in updates[name]]
+        assert result.state is JobState.COMPLETE and result.preemptions == 1, (name, result)
+        assert JobState.QUEUED in states and states[-1] is JobState.COMPLETE, (name, states)
+        queued = [u for u in updates[name] if u.state is JobState.QUEUED]
+        assert any("Preempted to accommodate" in (u.message or "") for u in queued), (name, queued)
+        assert result.queued_seconds is not None and result.queued_seconds >= 10, (
+            name,
+            result.queued_seconds,
+        )
+    by_job = {
+        w["metadata"]["ownerReferences"][0]["name"]: w for w in workloads(testbed.api_client, namespace)
+    }
+    assert {n: evictions(by_job[n]) for n in ("low-sync", "low-async", "urgent")} == {
+        "low-sync": 1, "low-async": 1, "urgent": 0,
+    }  # fmt: skip
+    assert be.get("urgent").state is JobState.COMPLETE
+
+
+def test_queue_budget_fails_the_wait_naming_the_queue(testbed: Any, namespace: str, queue: str) -> None:
+    """A job that can never fit (8 CPUs in a 4-CPU queue) fails its wait at max_queue_seconds, with Kueue's
+    reason; the job is left queued (the adapters delete it per their cancel setting), never started."""
+    be = KubernetesBackend(kubeconfig=str(testbed.kubeconfig), namespace=namespace)
+    ref = launch(be, request("too-big", 8, 5, queue=queue, max_queue_seconds=15)).ref
+    created = be.get(ref).created_at
+    assert created is not None
+    with pytest.raises(QueueBudgetExceeded) as exc:
+        be.wait(ref, timeout=300)
+    assert 15 <= time.time() - created.timestamp() < 90  # counted from the suspension Kueue made at creation
+    text = str(exc.value)
+    assert "not admitted by LocalQueue team within its queue budget, max_queue_seconds=15" in text, text
+    # Kueue's word for a job larger than the whole queue
+    assert "insufficient quota for cpu" in text and "> maximum capacity (4)" in text, text
+    assert be.get(ref).state is JobState.QUEUED  # still queued: never started
+    (wl,) = workloads(testbed.api_client, namespace)
+    assert not holds_quota(wl)
+
+
+def test_cancel_while_queued_deletes_the_trainjob_and_its_workload(
+    testbed: Any, namespace: str, queue: str
+) -> None:
+    be = KubernetesBackend(kubeconfig=str(testbed.kubeconfig), namespace=namespace)
+    ref = launch(be, request("waits", 8, 5, queue=queue)).ref
+    wait_until(lambda: workloads(testbed.api_client, namespace), 60, "its Workload")
+    assert be.get(ref).state is JobState.QUEUED
+    assert be.cancel(ref)
+    wait_until(lambda: not workloads(testbed.api_client, namespace), 60, "the Workload deleted with the job")
+    assert be.list() == []
+
+
+def test_a_retry_reattaches_to_a_queued_or_preempted_job(testbed: Any, namespace: str, queue: str) -> None:
+    """launch() again while the job waits in the queue, and while it is suspended by a preemption: the same
+    TrainJob is reattached, never a second one (Kueue would queue it behind the first)."""
+    be = KubernetesBackend(kubeconfig=str(testbed.kubeconfig), namespace=namespace)
+    blocker = launch(be, request("blocker", 4, 60, queue=queue, priority_class="trainflow-low")).ref
+    wait_until(lambda: be.get(blocker).state is JobState.RUNNING, 120, "blocker running")
+    keyed = {"idempotency_key": "dag/run-1/train", "queue": queue, "priority_class": "trainflow-high"}
+    first = launch(be, request("keyed", 2, 5, **keyed).model_copy(update={"name": None}))
+    wait_until(lambda: be.get(first.ref).state in (JobState.QUEUED, JobState.RUNNING), 60, "keyed exists")
+    again = launch(be, request("keyed", 2, 5, **keyed).model_copy(update={"name": None}))
+    assert again.adopted and again.ref.name == first.ref.name and again.attempt == first.attempt == 1
+    # the high job preempts the blocker; a retry of the blocker's step while it is suspended reattaches
+    wait_until(lambda: be.get(blocker).state is JobState.QUEUED, 120, "blocker preempted")
+    retried = launch(be, request("blocker", 4, 60, queue=queue, priority_class="trainflow-low"))
+    assert retried.adopted and retried.ref.name == "blocker" and retried.state is JobState.QUEUED
+    assert be.wait(blocker, timeout=600).preemptions == 1
+    names = sorted(r.name for r in be.list())
+    assert names == sorted(["blocker", first.ref.name]), names
+
+
+def test_status_and_dry_run_check_the_queue_and_priority_class(
+    testbed: Any, namespace: str, queue: str
+) -> None:
+    bad = ["--queue", "nope", "--priority-class", "nope-either", "--image", IMAGE, "--dry-run", "--", "train"]
+    proc = cli(testbed, namespace, "submit", "--name", "x", *bad)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert "queue: LocalQueue 'nope' not found" in err and f"use one of: {queue}" in err, err
+    assert "priority_class: WorkloadPriorityClass 'nope-either' not found" in err, err
+    be = KubernetesBackend(kubeconfig=str(testbed.kubeconfig), namespace=namespace)
+    launch(be, request("hog", 4, 60, queue=queue))
+    waiting = launch(be, request("next", 1, 5, queue=queue)).ref
+    wait_until(lambda: NO_QUOTA in (be.get(waiting).message or ""), 60, "Kueue's reason in the status")
+    proc = cli(testbed, namespace, "status", waiting.name)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "State:     Queued (Pending)" in out and NO_QUOTA in out and "Queue:     team" in out, out
+    assert any(line.startswith("Queued:") and line.endswith("s") for line in out.splitlines()), out
