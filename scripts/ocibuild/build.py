@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ocibuild import pyenv
-from ocibuild.debian import Base, build_base, build_debian_layer
+from ocibuild.debian import Base, build_base, build_debian_layer, mirror_state
 from ocibuild.layers import LAYER_MEDIA_TYPE, write_tree_layer
 from ocibuild.layout import ImageLayout, Layer, Runtime, write_image
 from ocibuild.recipes import (
@@ -301,6 +301,10 @@ def build(
         }
         log(f"{image_id}: {spec.default_name} {manifest.digest} ({summary[image_id]['size'] / 1e6:.0f} MB)")
     ctx.timings["total"] = time.monotonic() - started
-    summary["_build"] = {"timings_s": {k: round(v, 1) for k, v in ctx.timings.items()}, "created": created}
+    summary["_build"] = {
+        "timings_s": {k: round(v, 1) for k, v in ctx.timings.items()},
+        "created": created,
+        "debian_mirror": mirror_state(),
+    }
     summary_path.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     return summary

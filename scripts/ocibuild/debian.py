@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import subprocess
 import tarfile
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,11 +47,32 @@ class Base:
         return f"Debian {SUITE} (mmdebstrap minbase, slim) + {' '.join(PACKAGES)}"
 
 
+@functools.cache
+def mirror_state() -> dict[str, str]:
+    """Each source's checksum of its ``main`` package index, read from its InRelease: the mirror moves (security
+    updates), and a layer built from an older index must not be taken from the cache for a newer one."""
+    arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True)
+    index = f"main/binary-{arch.stdout.strip()}/Packages.xz"
+    state: dict[str, str] = {}
+    for source in SOURCES:
+        _, uri, suite, _ = source.split(" ", 3)
+        url = f"{uri}/dists/{suite}/InRelease"
+        with urllib.request.urlopen(url, timeout=60) as response:
+            text = response.read().decode()
+        sha256 = text.split("\nSHA256:\n", 1)[-1]
+        found = [line.split()[0] for line in sha256.splitlines() if line.split()[-1:] == [index]]
+        if not found:
+            raise SystemExit(f"{url} lists no {index}")
+        state[f"{uri} {suite}"] = found[0]
+    return state
+
+
 def _recipe() -> dict[str, object]:
     version = subprocess.run(["mmdebstrap", "--version"], capture_output=True, text=True, check=True)
     return {
         "suite": SUITE,
         "sources": SOURCES,
+        "mirror": mirror_state(),
         "packages": PACKAGES,
         "dpkg": DPKG_OPTIONS,
         "epoch": LAYER_MTIME,
@@ -106,7 +129,7 @@ def _mmdebstrap(
 
 
 def build_base(store: BlobStore, cache: Path, refresh: bool = False) -> Base:
-    """The base layer, from the cache unless ``refresh`` (the mirror moves: refresh to pick up updates)."""
+    """The base layer, from the cache while the mirror's package indexes are the ones it was built from."""
     recipe = _recipe()
     key = hashlib.sha256(canonical_json(recipe)).hexdigest()[:16]
     record = cache / f"base-{key}.json"
