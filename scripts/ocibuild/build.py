@@ -99,17 +99,21 @@ def _assign(
         if role not in by_role:
             raise SystemExit(f"{name} is installed but family {family.name} has no {role!r} layer")
         by_name[by_role[role]].add(name)
-    if "gpu" in by_role:  # the same distributions as ``cuda``, cut by path (_in_layer)
-        by_name[by_role["gpu"]] = set(by_name[by_role["cuda"]])
+    if "gpu" in by_role:  # ``cuda``'s distributions cut by path: each layer lists those it holds files of
+        cuda = by_name[by_role["cuda"]]
+        by_name[by_role["gpu"]] = {n for n in cuda if any(_gpu_file(p) for p in dists[n].files)}
+        by_name[by_role["cuda"]] = {n for n in cuda if not all(_gpu_file(p) for p in dists[n].files)}
     return by_name
 
 
-def _in_layer(spec: LayerSpec, family: Family, path: str) -> bool:
-    """Whether a path of one of the layer's distributions is in it: ``cuda`` and ``gpu`` split theirs."""
-    if spec.role not in ("cuda", "gpu") or not any(s.role == "gpu" for s in family.layers):
-        return True
-    site = os.path.relpath(path, pyenv.SITE)
-    return gpu_only(site) == (spec.role == "gpu")
+def _gpu_file(path: str) -> bool:
+    return gpu_only(os.path.relpath(path, pyenv.SITE))
+
+
+def _in_layer(spec: LayerSpec, split: bool, path: str) -> bool:
+    """Whether a path of one of the layer's distributions is in it: with a ``gpu`` layer in the family
+    (``split``), ``cuda`` and ``gpu`` divide their distributions' files by GPU_ONLY."""
+    return not split or spec.role not in ("cuda", "gpu") or _gpu_file(path) == (spec.role == "gpu")
 
 
 def _extras(stage: Path, spec: LayerSpec) -> list[str]:
@@ -206,13 +210,14 @@ def build_family(ctx: Context, family: Family) -> tuple[dict[str, Layer], dict[s
             pyenv.compile_bytecode(rootfs, sources)
         ctx.timings[f"{family.name}: byte-compile"] = time.monotonic() - started
         owned = pyenv.owners(rootfs, dists)
+        split = any(spec.role == "gpu" for spec in family.layers)
         layers: dict[str, Layer] = {}
         for spec in family.layers:
             blob = _cached(ctx, keys[spec.name])
             if blob is None:
                 started = time.monotonic()
                 names = members[spec.name] | ({pyenv.SKELETON} if spec.role == "deps" else set())
-                paths = [p for p, owner in owned.items() if owner in names and _in_layer(spec, family, p)]
+                paths = [p for p, owner in owned.items() if owner in names and _in_layer(spec, split, p)]
                 paths += _with_pycache(rootfs, extras[spec.name])
                 blob = write_tree_layer(ctx.store, rootfs, paths)
                 _remember(ctx, keys[spec.name], blob)

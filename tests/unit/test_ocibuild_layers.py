@@ -9,7 +9,6 @@ import os
 import sys
 import tarfile
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -121,12 +120,27 @@ def test_rootfs_tar_is_normalized_into_a_layer(tmp_path: Path) -> None:
 def test_distributions_are_cut_into_the_family_layers() -> None:
     """deps, cuda and trainflow by kind; what xgboost-cpu adds beyond torch in its own layer; torch gets the rest."""
     from ocibuild.build import _assign
+    from ocibuild.pyenv import SITE, Dist
     from ocibuild.recipes import FAMILIES
 
-    names = ["trainflow", "kfp", "pyyaml", "nvidia-cublas-cu13", "triton", "torch", "numpy", "sympy"]
-    dists: dict[str, Any] = dict.fromkeys(
-        [*names, "xgboost-cpu", "scipy", "deepspeed", "jaxlib", "transformers"]
-    )
+    names = [
+        "trainflow",
+        "kfp",
+        "pyyaml",
+        "nvidia-cublas-cu13",
+        "nvidia-cusolver",
+        "triton",
+        "torch",
+        "numpy",
+    ]
+    dists = {n: Dist(n, "1", b"", {f"{SITE}/{n}/x.py"}) for n in [*names, "sympy", "xgboost-cpu", "scipy"]}
+    dists |= {n: Dist(n, "1", b"", {f"{SITE}/{n}/x.py"}) for n in ["deepspeed", "jaxlib", "transformers"]}
+    dists["nvidia-cublas-cu13"].files = {
+        f"{SITE}/nvidia/cu13/lib/libcublas.so.13",
+        f"{SITE}/nvidia/cu13/lib/x.a",
+    }
+    dists["nvidia-cusolver"].files = {f"{SITE}/nvidia/cu13/lib/libcusolver.so.12"}  # only a GPU loads it
+    dists["triton"].files = {f"{SITE}/triton/__init__.py", f"{SITE}/triton-3.9.0.dist-info/RECORD"}
     own = {
         "xgboost": {"xgboost-cpu", "scipy"},
         "frameworks": {"deepspeed", "jaxlib"},
@@ -135,8 +149,8 @@ def test_distributions_are_cut_into_the_family_layers() -> None:
     layers = _assign(FAMILIES["torch"], dists, {"kfp", "pyyaml"}, own)
     assert layers == {
         "deps": {"kfp", "pyyaml"},
-        "cuda": {"nvidia-cublas-cu13", "triton"},
-        "cuda-gpu": {"nvidia-cublas-cu13", "triton"},  # the same distributions, cut by path
+        "cuda": {"nvidia-cublas-cu13"},  # cut by path: each layer lists the distributions it holds files of
+        "cuda-gpu": {"nvidia-cublas-cu13", "nvidia-cusolver", "triton"},
         "torch": {"torch", "numpy", "sympy"},
         "xgboost": {"xgboost-cpu", "scipy"},
         "frameworks": {"deepspeed", "jaxlib"},
@@ -154,6 +168,7 @@ def test_the_cuda_distributions_are_split_into_what_torch_loads_and_what_only_a_
     from ocibuild.recipes import FAMILIES, IMAGES
 
     family = FAMILIES["torch"]
+    assert any(s.role == "gpu" for s in family.layers)
     cuda, gpu = (next(s for s in family.layers if s.name == n) for n in ("cuda", "cuda-gpu"))
     loaded = ["nvidia/cu13/lib/libcublasLt.so.13", "nvidia/cu13/lib/libcusparse.so.12",
               "nvidia/cu13/lib/libnvJitLink.so.13", "nvidia/cudnn/lib/libcudnn.so.9",
@@ -165,8 +180,9 @@ def test_the_cuda_distributions_are_split_into_what_torch_loads_and_what_only_a_
                 "triton-3.9.0.dist-info/RECORD"]  # fmt: skip
     for rel in loaded + gpu_only:
         path = f"{SITE}/{rel}"
-        assert _in_layer(cuda, family, path) != _in_layer(gpu, family, path), rel
-        assert _in_layer(gpu, family, path) == (rel in gpu_only), rel
+        assert _in_layer(cuda, True, path) != _in_layer(gpu, True, path), rel
+        assert _in_layer(gpu, True, path) == (rel in gpu_only), rel
+        assert _in_layer(cuda, False, path)  # a family without a gpu layer keeps every file in cuda
     assert "cuda-gpu" in IMAGES["trainer"].layers and "cuda-gpu" not in IMAGES["runtimes"].layers
 
 
