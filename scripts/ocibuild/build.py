@@ -175,8 +175,11 @@ def _drop_stale_stages(work: Path) -> None:
             shutil.rmtree(stage, ignore_errors=True)
 
 
-def build_family(ctx: Context, family: Family) -> tuple[dict[str, Layer], dict[str, dict[str, str]]]:
-    """Stage the family's venv on the base; returns its layers (built or cached) and each one's packages."""
+def build_family(
+    ctx: Context, family: Family, wanted: set[str]
+) -> tuple[dict[str, Layer], dict[str, dict[str, str]]]:
+    """Stage the family's venv on the base; returns its ``wanted`` layers (built or cached) and each one's
+    packages. Layers no requested image uses are not built (``runtimes`` alone never writes ``cuda-gpu``)."""
     stage = ctx.cache / "work" / f"{family.name}-{os.getpid()}"
     _drop_stale_stages(ctx.cache / "work")
     shutil.rmtree(stage, ignore_errors=True)
@@ -200,7 +203,8 @@ def build_family(ctx: Context, family: Family) -> tuple[dict[str, Layer], dict[s
         for spec in family.layers:
             paths = extras[spec.name] + (skeleton if spec.role == "deps" else [])
             keys[spec.name] = _layer_key(ctx, rootfs, spec, (dists[n] for n in members[spec.name]), paths)
-        todo = [spec for spec in family.layers if _cached(ctx, keys[spec.name]) is None]
+        specs = [spec for spec in family.layers if spec.name in wanted]
+        todo = [spec for spec in specs if _cached(ctx, keys[spec.name]) is None]
         started = time.monotonic()
         sources = list(dict.fromkeys(p for spec in todo for n in members[spec.name] for p in dists[n].files))
         sources += [p for spec in todo for p in extras[spec.name]]
@@ -212,7 +216,7 @@ def build_family(ctx: Context, family: Family) -> tuple[dict[str, Layer], dict[s
         owned = pyenv.owners(rootfs, dists)
         split = any(spec.role == "gpu" for spec in family.layers)
         layers: dict[str, Layer] = {}
-        for spec in family.layers:
+        for spec in specs:
             blob = _cached(ctx, keys[spec.name])
             if blob is None:
                 started = time.monotonic()
@@ -263,7 +267,8 @@ def build(
     for image_id in image_ids:
         spec = IMAGES[image_id]
         if spec.family not in built:
-            built[spec.family] = build_family(ctx, FAMILIES[spec.family])
+            wanted = {name for i in image_ids if IMAGES[i].family == spec.family for name in IMAGES[i].layers}
+            built[spec.family] = build_family(ctx, FAMILIES[spec.family], wanted)
         family_layers, packages = built[spec.family]
         for name in spec.layers:
             if name in DEBIAN_LAYERS and name not in family_layers:
