@@ -48,7 +48,9 @@ step() { # name command... : runs one step, logs it, records its time and result
   else
     echo "$name FAILED ${took}s (exit $rc)" >>"$LOGS/summary"; say "FAILED $name after ${took}s (exit $rc): last lines of $name.log"
     # the summary (printed last, so it survives a truncated CI log) names the failing tests too
-    grep -E '^(FAILED|ERROR) ' "$LOGS/$name.log" | head -n 20 | cut -c1-300 | sed 's/^/    /' >>"$LOGS/summary"
+    # and when no test failed (a testbed that did not come up, a build), the log's last lines say why
+    { grep -E '^(FAILED|ERROR) ' "$LOGS/$name.log" || tail -n 12 "$LOGS/$name.log"; } | head -n 20 | cut -c1-300 \
+      | sed 's/^/    /' >>"$LOGS/summary"
     tail -n 150 "$LOGS/$name.log" | sed "s/^/  $name| /"
   fi
   return $rc
