@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from kfp import local
 from kubernetes import client
+from sa_requests import counted
 
-from conftest import apply_rbac, delete_cluster_role_bindings, request_totals, sa_kubeconfig, wait_until
+from conftest import apply_rbac, delete_cluster_role_bindings, sa_kubeconfig, wait_until
 from trainflow.core.naming import KEY_LABEL, MANAGED_BY_LABEL
 from trainflow.kfp import make_train_job_component
 
@@ -81,13 +82,16 @@ def train_op() -> Any:
 def test_train_job_completes_and_a_retry_reattaches(
     runner_kubeconfig: Path, kfp_local: Path, namespace: str, k8s: Any, testbed: Any
 ) -> None:
-    started = time.monotonic()
-    before = request_totals(testbed)
-    first = train_op()(**step_kwargs(runner_kubeconfig))
-    elapsed = time.monotonic() - started
-    calls = request_totals(testbed) - before
-    # one step: one runtime read and one create (the controllers read runtimes from their caches)
-    assert calls["GET clustertrainingruntimes"] == 1 and calls["POST trainjobs"] == 1, calls
+    step_calls = {
+        "get-runtime": ("get", "trainer.kubeflow.org", "clustertrainingruntimes", True),
+        "create-trainjob": ("create", "trainer.kubeflow.org", "trainjobs", False),
+    }
+    with counted(testbed, namespace, "pipeline-runner", step_calls) as calls:
+        started = time.monotonic()
+        first = train_op()(**step_kwargs(runner_kubeconfig))
+        elapsed = time.monotonic() - started
+        # one step: one runtime read and one create, counted by the API server for the step's account only
+        assert calls() == {"get-runtime": 1, "create-trainjob": 1}
     assert first.outputs["state"] == "Complete" and first.outputs["namespace"] == namespace
     (job,) = trainjobs(k8s, namespace)
     assert job["metadata"]["name"] == first.outputs["job_name"]
