@@ -240,28 +240,23 @@ def main() -> int:
     B.kubeconfig_path()  # fail early without a testbed
     bpy = bench_python()
     res: dict[str, Any] = {"mode": mode, "machine": B.machine()}
-    failed = []
+    failed: list[str] = []
+
+    def json_step(key: str, title: str, python: str, script: str, timeout: float) -> None:
+        """One benchmark that writes its figures as JSON (``--json``) into ``res[key]``."""
+        argv = [python, str(HERE / script), *cfg[key], "--json", str(out / f"{key}.json")]
+        rc, _ = step(title, argv, timeout, out / f"{key}.log")
+        if rc == 0:
+            res[key] = json.loads((out / f"{key}.json").read_text())
+        else:
+            failed.append(key)
+
     if "wait" in only:
-        rc, _ = step("wait cost + detection latency", [bpy, str(HERE / "wait_cost.py"), *cfg["wait"],
-                     "--json", str(out / "wait.json")], 7200, out / "wait.log")  # fmt: skip
-        if rc == 0:
-            res["wait"] = json.loads((out / "wait.json").read_text())
-        else:
-            failed.append("wait")
+        json_step("wait", "wait cost + detection latency", bpy, "wait_cost.py", 7200)
     if "submit" in only:
-        rc, _ = step("submit throughput", [bpy, str(HERE / "submit_throughput.py"), *cfg["submit"],
-                     "--json", str(out / "submit.json")], 1800, out / "submit.log")  # fmt: skip
-        if rc == 0:
-            res["submit"] = json.loads((out / "submit.json").read_text())
-        else:
-            failed.append("submit")
+        json_step("submit", "submit throughput", bpy, "submit_throughput.py", 1800)
     if "queued" in only:
-        rc, _ = step("Kueue: queued vs running waiters", [bpy, str(HERE / "queued_wait_cost.py"), *cfg["queued"],
-                     "--json", str(out / "queued.json")], 1800, out / "queued.log")  # fmt: skip
-        if rc == 0:
-            res["queued"] = json.loads((out / "queued.json").read_text())
-        else:
-            failed.append("queued")
+        json_step("queued", "Kueue: queued vs running waiters", bpy, "queued_wait_cost.py", 1800)
     if "local" in only:
         rc, text = step(
             "local engine overhead",
@@ -292,13 +287,8 @@ def main() -> int:
         if rc != 0:
             failed.append("parse")
     if "triggerer" in only and "triggerer" in cfg:
-        rc, _ = step("triggerer: N deferred tasks in one real triggerer",
-                     [airflow_python(), str(HERE / "triggerer_scale.py"), *cfg["triggerer"],
-                      "--json", str(out / "triggerer.json")], 7200, out / "triggerer.log")  # fmt: skip
-        if rc == 0:
-            res["triggerer"] = json.loads((out / "triggerer.json").read_text())
-        else:
-            failed.append("triggerer")
+        title = "triggerer: N deferred tasks in one real triggerer"
+        json_step("triggerer", title, airflow_python(), "triggerer_scale.py", 7200)
     (out / "results.json").write_text(json.dumps(res, indent=1))
     print(f"\n=== trainflow benchmarks ({mode}) — {res['machine']['date']}, {res['machine']['nproc']} cores, "
           f"load {res['machine']['load_avg']}; ratio = peer / trainflow unless noted")  # fmt: skip
