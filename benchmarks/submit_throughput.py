@@ -1,7 +1,8 @@
 """Submit throughput: TrainJobs validated and created per second, trainflow ``backend.submit`` vs the SDK's ``train()``.
 
 Both create the same TrainJob (runtime torch-distributed, one node, one image) on the same API server, in a
-fresh namespace each, sequentially (one caller) and from ``--threads`` threads sharing one client. The
+fresh namespace each, sequentially (one caller) and from ``--threads`` threads sharing one client. The clients
+take turns job by job (threaded: round by round), so each meets the same controller load and machine noise. The
 Trainer controller reconciles both sets alike (JobSets and kwok pods). trainflow: request parsing,
 runtime lookup (1 GET), manifest build, local CRD-schema validation, create (1 POST). SDK: runtime
 lookup (namespaced GET, 404, then cluster GET), pydantic models, create (1 POST). Same command on both.
@@ -87,15 +88,31 @@ def bare_create_submitter(kubeconfig: str, namespace: str) -> Callable[[int], An
     return submit
 
 
-def rate(submit: Callable[[int], Any], ids: range, threads: int) -> float:
-    start = time.perf_counter()
-    if threads <= 1:
-        for i in ids:
-            submit(i)
-    else:
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            list(pool.map(submit, ids))
-    return len(ids) / (time.perf_counter() - start)
+def interleaved(submitters: dict[str, Callable[[int], Any]], ids: range, threads: int) -> dict[str, float]:
+    """Jobs per second of each client, taking turns in rounds (a job each sequentially, ``threads * 2`` jobs a
+    round with threads) in a rotating order, so every client meets the same background: the controllers
+    reconciling what the others created, the machine's other load."""
+    spent = dict.fromkeys(submitters, 0.0)
+    done = dict.fromkeys(submitters, 0)
+    step = 1 if threads <= 1 else threads * 2
+    names = list(submitters)
+    pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
+    try:
+        for n, first in enumerate(range(ids.start, ids.stop, step)):
+            chunk = range(first, min(first + step, ids.stop))
+            for impl in names[n % len(names) :] + names[: n % len(names)]:
+                start = time.perf_counter()
+                if pool is None:
+                    for i in chunk:
+                        submitters[impl](i)
+                else:
+                    list(pool.map(submitters[impl], chunk))
+                spent[impl] += time.perf_counter() - start
+                done[impl] += len(chunk)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return {impl: done[impl] / spent[impl] for impl in names}
 
 
 def main() -> None:
@@ -107,22 +124,26 @@ def main() -> None:
     kubeconfig = B.kubeconfig_path()
     api = B.api_client(kubeconfig)
     makers = {"trainflow": trainflow_submitter, "sdk": sdk_submitter, "create": bare_create_submitter}
-    results: dict[str, dict[str, float]] = {}
-    for impl, make in makers.items():
-        namespace = f"bench-submit-{impl}-{int(time.time()) % 100000}"
-        B.create_namespace(api, namespace)
-        try:
-            submit = make(kubeconfig, namespace)
-            submit(99999)  # warm: imports, connection, first runtime lookup
-            seq = rate(submit, range(args.jobs), 1)
-            par = rate(submit, range(args.jobs, 3 * args.jobs), args.threads)
-            results[impl] = {"sequential_per_s": seq, "threaded_per_s": par}
-            print(
-                f"[submit] {impl}: {seq:.1f}/s sequential, {par:.1f}/s with {args.threads} threads",
-                file=sys.stderr,
-            )
-        finally:
+    stamp = int(time.time()) % 100000
+    spaces = {impl: f"bench-submit-{impl}-{stamp}" for impl in makers}
+    try:
+        submitters = {}
+        for impl, make in makers.items():
+            B.create_namespace(api, spaces[impl])
+            submitters[impl] = make(kubeconfig, spaces[impl])
+            submitters[impl](99999)  # warm: imports, connection, first runtime lookup
+        seq = interleaved(submitters, range(args.jobs), 1)
+        par = interleaved(submitters, range(args.jobs, 3 * args.jobs), args.threads)
+    finally:
+        for namespace in spaces.values():
             B.delete_namespace(api, namespace, wait=120)
+    results = {impl: {"sequential_per_s": seq[impl], "threaded_per_s": par[impl]} for impl in makers}
+    for impl, r in results.items():
+        print(
+            f"[submit] {impl}: {r['sequential_per_s']:.1f}/s sequential, "
+            f"{r['threaded_per_s']:.1f}/s with {args.threads} threads",
+            file=sys.stderr,
+        )
     t, s, c = results["trainflow"], results["sdk"], results["create"]
     rows = [
         [
