@@ -7,6 +7,11 @@ connection each; the logs beyond read what was written every ``POLL_SECONDS`` on
 take a stream slot when one frees. A triggerer with a thousand running jobs thus holds tens of connections,
 not a thousand. When the wait ends, every log is read once more and its follower stops. Lines go to a
 ``LogSink``.
+
+The wait comes first: an event loop starts at most ``POLLS_PER_SECOND`` polled reads a second (with a thousand
+polled logs, each is read every ~50 s instead of every 10), so copying logs cannot starve the watch that
+detects the outcome; the last read of an ended wait's logs has slots of its own, never queued behind the
+polls; and a follower yields to the loop after each chunk it copies.
 """
 
 from __future__ import annotations
@@ -34,16 +39,47 @@ from trainflow.core.logsink import LogSink
 
 log = logging.getLogger(__name__)
 MAX_RECONNECTS = 50
-FOLLOW_STREAMS = 64  # logs an event loop streams at once (a connection each); the others are polled
+FOLLOW_STREAMS = 32  # logs an event loop streams at once (a connection each); the others are polled
 POLL_SECONDS = 10.0  # how often a polled log is read (as KubernetesJobTrigger polls a Job)
+POLLS_PER_SECOND = (
+    20.0  # polled log reads an event loop starts per second at most (the interval grows past it)
+)
 READS_AT_ONCE = 16  # followers' pod lists and polled logs in flight at once on one event loop
+FINAL_READS_AT_ONCE = 16  # last reads of ended waits' logs in flight at once (apart from the polls)
+
+
+class _LoopState:
+    """One event loop's shares: stream slots, reads in flight, last reads, and how many logs are polled now."""
+
+    def __init__(self) -> None:
+        self.slots = asyncio.Semaphore(FOLLOW_STREAMS)
+        self.reads = asyncio.Semaphore(READS_AT_ONCE)
+        self.finals = asyncio.Semaphore(FINAL_READS_AT_ONCE)
+        self.polled = 0
+
+    def poll_interval(self) -> float:
+        """Seconds until a polled log's next read: POLL_SECONDS, longer when the loop polls more logs than
+        POLLS_PER_SECOND allows; jittered so that logs polled together spread out."""
+        return max(POLL_SECONDS, self.polled / POLLS_PER_SECOND) * random.uniform(0.8, 1.2)
+
+
+_STATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+
+
+def _state() -> _LoopState:
+    """The running event loop's ``_LoopState``."""
+    loop = asyncio.get_running_loop()
+    state = _STATES.get(loop)
+    if state is None:
+        state = _STATES[loop] = _LoopState()
+    return state
 
 
 async def _read(api: AsyncKubeApi, call: calls.Call) -> Any:
     """A follower's read (a pod list, a polled log), at most READS_AT_ONCE of them in flight per event loop:
     a thousand followers asking at once would queue in httpcore's pool, whose bookkeeping costs the event loop
     time for every queued request whenever any request starts or ends (seconds, at a thousand)."""
-    async with _per_loop(_READS, READS_AT_ONCE):
+    async with _state().reads:
         return await api.run(call)
 
 
@@ -154,7 +190,7 @@ async def _follow(
             sink.note(target.step, not_started(target, None, pod_wait) + "; its log is not copied")
         return
     name, resume = str(pod["metadata"]["name"]), Resume()
-    slots = _per_loop(_SLOTS, FOLLOW_STREAMS)  # FOLLOW_STREAMS logs streamed at once, the others polled
+    slots = _state().slots  # FOLLOW_STREAMS logs streamed at once, the others polled
     while True:
         if slots.locked() or feed.ending.is_set():  # every stream slot taken: read new lines now and then
             if not await _poll(api, feed, name, target, sink, resume, slots):
@@ -208,6 +244,7 @@ async def _stream(
                         attempt = 0
                         if not sink.line(target.step, text):
                             return False
+                    await asyncio.sleep(0)  # a chunk of many lines does not hold the loop
             except Exception as exc:
                 if not retry.is_connection_error(exc):
                     raise
@@ -234,27 +271,40 @@ async def _poll(
     resume: Resume,
     slots: asyncio.Semaphore,
 ) -> bool:
-    """Read the lines written since the last read every POLL_SECONDS, on the shared connections, until a stream
-    slot frees (True) or the wait ends (False, after a last read)."""
-    while True:
-        final = feed.ending.is_set()
-        if not await _read_since(api, feed.namespace, name, target, sink, resume):
-            return False
-        if final:
-            return False
-        if not slots.locked():
-            return True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(feed.ending.wait(), POLL_SECONDS * random.uniform(0.8, 1.2))
+    """Read the lines written since the last read every ``poll_interval``, on the shared connections, until a
+    stream slot frees (True) or the wait ends (False, after a last read)."""
+    state = _state()
+    state.polled += 1
+    try:
+        while True:
+            final = feed.ending.is_set()
+            if not await _read_since(api, feed.namespace, name, target, sink, resume, final):
+                return False
+            if final:
+                return False
+            if not slots.locked():
+                return True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(feed.ending.wait(), state.poll_interval())
+    finally:
+        state.polled -= 1
 
 
 async def _read_since(
-    api: AsyncKubeApi, namespace: str, name: str, target: StepTarget, sink: LogSink, resume: Resume
+    api: AsyncKubeApi,
+    namespace: str,
+    name: str,
+    target: StepTarget,
+    sink: LogSink,
+    resume: Resume,
+    final: bool = False,
 ) -> bool:
     """One read of what was written since the last line seen, line by line off the response (memory bounded by a
     line, however much was written; no limitBytes, whose cut inside a line would tear it). False when the pod
-    is gone or the sink wants no more lines; a dropped connection ends this read and the next one resumes."""
-    async with _per_loop(_READS, READS_AT_ONCE):
+    is gone or the sink wants no more lines; a dropped connection ends this read and the next one resumes.
+    ``final``: the wait ended; this read has slots of its own, so it never waits behind the polls."""
+    state = _state()
+    async with state.finals if final else state.reads:
         try:
             resp = await api.run(
                 calls.pod_log(
@@ -271,27 +321,13 @@ async def _read_since(
                     text = resume.fresh(raw.decode("utf-8", "replace"))
                     if text is not None and not sink.line(target.step, text):
                         return False
+                await asyncio.sleep(0)
         except Exception as exc:
             if not retry.is_connection_error(exc):
                 raise
         finally:
             await aclose(resp)
     return True
-
-
-_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
-_READS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
-
-
-def _per_loop(
-    store: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore], size: int
-) -> asyncio.Semaphore:
-    """The running event loop's semaphore of ``store`` (stream slots, reads in flight)."""
-    loop = asyncio.get_running_loop()
-    sem = store.get(loop)
-    if sem is None:
-        sem = store[loop] = asyncio.Semaphore(size)
-    return sem
 
 
 class Followers:
