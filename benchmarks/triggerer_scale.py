@@ -44,8 +44,6 @@ from triggerer_harness import DAGS, POLL_INTERVAL, defer, deployment_env, inject
 from triggerer_pods import MARKER, RankLog, delete_node, end_pod, ensure_node
 from triggerer_probes import Deferred, LogLines, group_cpu, loop_stalls, pss_mib, runner_pid, threads
 
-POLL_SECONDS = 10.0  # how often trainflow reads a log it does not stream (core/kube/logfollow.py)
-
 HERE = Path(__file__).resolve().parent
 
 RESOURCES = frozenset({"trainjobs", "jobs", "pods", "events", "trainingruntimes", "clustertrainingruntimes"})
@@ -107,7 +105,7 @@ def measure(impl: str, scenario: str, args: argparse.Namespace, root: Path, api:
     rss_runner = B.status_kib(runner, "VmRSS") / 1024
     log_lines = {}
     if lines is not None and rank_log is not None:
-        time.sleep(POLL_SECONDS * 1.2 + 5)  # the last marker reaches the polled logs too
+        time.sleep(poll_interval(n) * 1.2 + 5)  # the last marker reaches the polled logs too
         lines.close()
         log_lines = line_latency(lines.seen, rank_log.sent, n)
 
@@ -172,6 +170,13 @@ def measure(impl: str, scenario: str, args: argparse.Namespace, root: Path, api:
         **log_lines,
         **stalls,
     }
+
+
+def poll_interval(n: int) -> float:
+    """How often trainflow reads each log it does not stream, with n followed in one event loop."""
+    from trainflow.core.kube import logfollow as lf
+
+    return max(lf.POLL_SECONDS, max(0, n - lf.FOLLOW_STREAMS) / lf.POLLS_PER_SECOND)
 
 
 def profile(args: argparse.Namespace, name: str, runner: int) -> list[subprocess.Popen[bytes]]:
