@@ -119,7 +119,11 @@ def test_a_pipe_gets_plain_lines_and_the_chart_file_holds_every_point(tmp_path: 
     assert not ANSI.search(proc.stderr) and "━" not in proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("default/piped")]
     assert any(re.search(r"Running  \d+%  ETA \S+.*loss=", ln) for ln in lines), proc.stderr
-    assert len(lines) <= 2 + 12  # one per state and whole percentage, never one per refresh
+    # one line per (state, whole percentage), never one per refresh: Created, Running before the first report,
+    # Running at each of the 12 percentages, Complete (a wait may see the end before the last percentage)
+    keys = [re.sub(r"  (ETA \S+  )?(\S+=\S+ ?)*\s*\(elapsed [\d.]+s\)$", "", ln) for ln in lines]
+    assert len(keys) == len(set(keys)), proc.stderr
+    assert len(lines) <= 3 + 12, proc.stderr
     result = json.loads(proc.stdout)
     assert len(result["history"]["time"]) == 12
 
