@@ -176,7 +176,7 @@ def poll_interval(n: int) -> float:
     """How often trainflow reads each log it does not stream, with n followed in one event loop."""
     from trainflow.core.kube import logfollow as lf
 
-    return max(lf.POLL_SECONDS, max(0, n - lf.FOLLOW_STREAMS) / lf.POLLS_PER_SECOND)
+    return lf.poll_interval(max(0, n - lf.FOLLOW_STREAMS))
 
 
 def profile(args: argparse.Namespace, name: str, runner: int) -> list[subprocess.Popen[bytes]]:

@@ -39,6 +39,7 @@ class Call:
     read: str = "json"
     timeout: float | None = None  # seconds the whole request may take (streams: between reads)
     attempts: int | None = None  # at most this many tries (None: the retry policy's)
+    held: bool = False  # open until the server ends it (a followed log): a connection of its own
 
     @property
     def method(self) -> str:
@@ -191,7 +192,9 @@ def pod_log(
     )
     path = _pods(namespace, pod, "log")
     if follow:
-        return Call("get", "pods/log", namespace, pod, path, query, read="stream", timeout=LOG_FOLLOW_READ)
+        return Call(
+            "get", "pods/log", namespace, pod, path, query, read="stream", timeout=LOG_FOLLOW_READ, held=True
+        )
     if stream:
         return Call("get", "pods/log", namespace, pod, path, query, read="stream")
     # a tail (diagnostics, metrics): bounded in time and tried twice at most, so reading it never holds a

@@ -160,10 +160,10 @@ class Transport(Protocol):
 
 
 def _is_log_stream(call: Call) -> bool:
-    """A followed log (open until the container ends): a connection of the log pool. A polled log read ends
-    when what was written is sent, so it takes a kept-alive connection of the shared pool, as other reads do
+    """A followed log (``held`` open until the container ends): a connection of the log pool. A polled log read
+    ends when what was written is sent, so it takes a kept-alive connection of the shared pool, as other reads do
     (a new TLS connection for each of a thousand polled logs cost the event loop a handshake each)."""
-    return call.stream and call.resource == "pods/log" and ("follow", "true") in call.query
+    return call.held and call.resource == "pods/log"
 
 
 class AsyncHttp:

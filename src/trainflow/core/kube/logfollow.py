@@ -25,6 +25,8 @@ import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
+import httpx
+
 from trainflow.core.errors import NotFound
 from trainflow.core.kube import calls, retry
 from trainflow.core.kube.aio import AsyncKubeApi
@@ -41,9 +43,7 @@ log = logging.getLogger(__name__)
 MAX_RECONNECTS = 50
 FOLLOW_STREAMS = 32  # logs an event loop streams at once (a connection each); the others are polled
 POLL_SECONDS = 10.0  # how often a polled log is read (as KubernetesJobTrigger polls a Job)
-POLLS_PER_SECOND = (
-    20.0  # polled log reads an event loop starts per second at most (the interval grows past it)
-)
+POLLS_PER_SECOND = 20.0  # polled log reads an event loop starts a second at most
 READS_AT_ONCE = 16  # followers' pod lists and polled logs in flight at once on one event loop
 FINAL_READS_AT_ONCE = 16  # last reads of ended waits' logs in flight at once (apart from the polls)
 
@@ -58,9 +58,13 @@ class _LoopState:
         self.polled = 0
 
     def poll_interval(self) -> float:
-        """Seconds until a polled log's next read: POLL_SECONDS, longer when the loop polls more logs than
-        POLLS_PER_SECOND allows; jittered so that logs polled together spread out."""
-        return max(POLL_SECONDS, self.polled / POLLS_PER_SECOND) * random.uniform(0.8, 1.2)
+        """Seconds until a polled log's next read, jittered so that logs polled together spread out."""
+        return poll_interval(self.polled) * random.uniform(0.8, 1.2)
+
+
+def poll_interval(polled: int) -> float:
+    """How often each of ``polled`` logs of one event loop is read: POLL_SECONDS, longer past POLLS_PER_SECOND."""
+    return max(POLL_SECONDS, polled / POLLS_PER_SECOND)
 
 
 _STATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
@@ -234,23 +238,11 @@ async def _stream(
         except NotFound:
             dropped, resp = True, None
         if resp is not None:
-            lines = LineBuffer()
-            try:
-                async for chunk in achunks(resp):
-                    for raw in lines.feed(chunk):
-                        text = resume.fresh(raw.decode("utf-8", "replace"))
-                        if text is None:
-                            continue
-                        attempt = 0
-                        if not sink.line(target.step, text):
-                            return False
-                    await asyncio.sleep(0)  # a chunk of many lines does not hold the loop
-            except Exception as exc:
-                if not retry.is_connection_error(exc):
-                    raise
-                dropped = True
-            finally:
-                await aclose(resp)
+            wanted, copied, dropped = await _copy(resp, target.step, sink, resume)
+            if not wanted:
+                return False
+            if copied:
+                attempt = 0
         if ended(await _pod(api, namespace, target), name, target.container, dropped):
             return False
         attempt += 1
@@ -314,20 +306,31 @@ async def _read_since(
             )  # fmt: skip
         except NotFound:
             return False
-        lines = LineBuffer()
-        try:
-            async for chunk in achunks(resp):
-                for raw in lines.feed(chunk):
-                    text = resume.fresh(raw.decode("utf-8", "replace"))
-                    if text is not None and not sink.line(target.step, text):
-                        return False
-                await asyncio.sleep(0)
-        except Exception as exc:
-            if not retry.is_connection_error(exc):
-                raise
-        finally:
-            await aclose(resp)
-    return True
+        wanted, _, _ = await _copy(resp, target.step, sink, resume)
+        return wanted
+
+
+async def _copy(resp: httpx.Response, step: str, sink: LogSink, resume: Resume) -> tuple[bool, int, bool]:
+    """Copy a log response's new lines into ``sink``, yielding to the loop after each chunk, then close it:
+    (the sink wants more lines, lines copied, the connection dropped)."""
+    lines, copied = LineBuffer(), 0
+    try:
+        async for chunk in achunks(resp):
+            for raw in lines.feed(chunk):
+                text = resume.fresh(raw.decode("utf-8", "replace"))
+                if text is None:
+                    continue
+                copied += 1
+                if not sink.line(step, text):
+                    return False, copied, False
+            await asyncio.sleep(0)  # a chunk of many lines does not hold the loop
+    except Exception as exc:
+        if not retry.is_connection_error(exc):
+            raise
+        return True, copied, True
+    finally:
+        await aclose(resp)
+    return True, copied, False
 
 
 class Followers:
