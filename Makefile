@@ -94,7 +94,7 @@ test-images: setup dist image-tools
 # (make e2e-reliability, a lane of its own in make test).
 E2E_HALF = tests/e2e/test_kueue.py tests/e2e/test_retry_scenarios.py
 e2e: setup
-	@set -e; trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh --kueue; rc=0; out=$$(mktemp -d); \
+	@set -e; trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh --kueue --objstore; rc=0; out=$$(mktemp -d); \
 	  $(RUN) pytest -m e2e $(E2E_HALF) $(PYTEST_FLAGS) >$$out/half-1.log 2>&1 & one=$$!; \
 	  $(RUN) pytest -m e2e tests/e2e $(foreach t,$(E2E_HALF),--ignore=$(t)) $(PYTEST_FLAGS) >$$out/half-2.log 2>&1 & \
 	  two=$$!; wait $$one || rc=1; wait $$two || rc=1; \
@@ -125,22 +125,25 @@ PODS_TESTBED := TRAINFLOW_TESTBED_DIR=$${TRAINFLOW_PODS_TESTBED_DIR:-/tmp/trainf
 PODS_IMAGES := dist/images/pods
 # The image names the default runtimes reference (Trainer v2.3.0 overlays/runtimes), all from the runtimes image
 # (the trainer image's layers plus Open MPI, sshd, DeepSpeed, mpi4py, MLX and JAX on CPU: docs/images.md); the
-# KFP step image goes in under its own name (ghcr.io/trainflow/trainflow-kfp:<version>).
+# KFP step image goes in under its own name (ghcr.io/trainflow/trainflow-kfp:<version>), and the Trainer's dataset and
+# model initializers, built from its v2.3.0 sources (testbed/upstream), under the names its runtimes give them.
 PODS_IMAGE_NAMES := docker.io/pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime \
 	ghcr.io/kubeflow/trainer/xgboost-runtime:v2.3.0 \
 	ghcr.io/kubeflow/trainer/deepspeed-runtime:v2.3.0 \
 	ghcr.io/kubeflow/trainer/mlx-runtime:v2.3.0 \
 	nvcr.io/nvidia/jax:25.10-py3
+PODS_INITIALIZERS := dataset-initializer model-initializer
 
 # Builds what it names (layers cached: a warm rebuild takes about a minute), so a clean clone works too. Each
 # image goes in as an OCI layout whose blobs are hardlinks into dist/images/oci, never as a multi-GB tar copy:
 # the testbed streams it into containerd (disk, not time, is what a CI machine runs out of).
 pods-images: setup dist image-tools
-	PYTHONPATH=scripts nice $(RUN) python -m ocibuild build runtimes kfp
+	PYTHONPATH=scripts nice $(RUN) python -m ocibuild build runtimes kfp $(PODS_INITIALIZERS)
 	rm -rf $(PODS_IMAGES)
 	PYTHONPATH=scripts $(RUN) python -m ocibuild archive runtimes --layout \
 	  $(foreach n,$(PODS_IMAGE_NAMES),--name $(n)) -o $(PODS_IMAGES)/runtimes.oci
 	PYTHONPATH=scripts $(RUN) python -m ocibuild archive kfp --layout -o $(PODS_IMAGES)/kfp.oci
+	for i in $(PODS_INITIALIZERS); do PYTHONPATH=scripts $(RUN) python -m ocibuild archive $$i --layout -o $(PODS_IMAGES)/$$i.oci || exit 1; done
 
 # The suite in two pytest processes side by side (each test has its own namespace; the two nodes hold both
 # halves' pods): the Airflow and KFP tests, and the rest. Their logs follow each other once both are done.
@@ -149,7 +152,7 @@ PODS_HALF := tests/e2e_pods/test_airflow_pods.py tests/e2e_pods/test_kfp_pods.py
 e2e-pods: setup
 	@set -e; export $(PODS_TESTBED); \
 	  if [ -z "$${TRAINFLOW_TESTBED_IMAGES:-}" ]; then $(MAKE) pods-images; export TRAINFLOW_TESTBED_IMAGES=$(PODS_IMAGES); fi; \
-	  bash testbed/node/build.sh --deps; trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh --pods --kueue; rc=0; \
+	  bash testbed/node/build.sh --deps; trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh --pods --kueue --objstore; rc=0; \
 	  out=$$(mktemp -d); \
 	  $(RUN) pytest -m e2e $(PODS_HALF) $(PYTEST_FLAGS) >$$out/half-1.log 2>&1 & one=$$!; \
 	  $(RUN) pytest -m e2e tests/e2e_pods --ignore=tests/e2e_pods/teardown $(foreach t,$(PODS_HALF),--ignore=$(t)) \

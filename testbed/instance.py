@@ -35,11 +35,27 @@ def _kueue() -> Any:
     return kueue
 
 
+def _objstore() -> Any:
+    """testbed/objstore/ (object-store mode), imported only when used."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "objstore"))
+    import objstore
+
+    return objstore
+
+
 def up(
-    L: Layout, trainer_upstream: Path, node_bin: Path | None = None, kueue_bin: Path | None = None
+    L: Layout,
+    trainer_upstream: Path,
+    node_bin: Path | None = None,
+    kueue_bin: Path | None = None,
+    objstore_bin: Path | None = None,
 ) -> None:
     want_pods, want_kueue = node_bin is not None, kueue_bin is not None
-    same_mode = L.pods == want_pods and L.kueue_file.exists() == want_kueue
+    same_mode = (
+        L.pods == want_pods
+        and L.kueue_file.exists() == want_kueue
+        and L.objstore_file.exists() == (objstore_bin is not None)
+    )
     if L.state_file.exists() and same_mode and all(running(L, n) for n in components(L)):
         try:
             if http_ok(f"https://{L.api_host}:{L.ports['apiserver']}/readyz", admin_ssl(L)):
@@ -47,14 +63,23 @@ def up(
                 return
         except Exception:
             pass
-    if instance_pids(L) or L.pods or L.kueue_file.exists():
+    if instance_pids(L) or L.pods or L.kueue_file.exists() or L.objstore_file.exists():
         log("stale testbed found; stopping it first")
         down(L)
     t0 = time.time()
-    for d in (L.pki, L.logs, L.pids, L.etc, L.data, L.dir / "tmp", L.dir / "webhook-certs"):
+    for d in (
+        L.pki,
+        L.logs,
+        L.pids,
+        L.etc,
+        L.data,
+        L.dir / "tmp",
+        L.dir / "webhook-certs",
+        L.dir / "objstore-data",
+    ):
         if d.exists():
             shutil.rmtree(d)
-    for f in (L.state_file, L.env_file, L.kubeconfig, L.mode_file):
+    for f in (L.state_file, L.env_file, L.kubeconfig, L.mode_file, L.dir / "objstore-credentials.json"):
         if f.exists():
             f.unlink()
     for d in (L.pki, L.logs, L.pids, L.etc, L.data, L.dir / "tmp" / "trainer"):
@@ -96,6 +121,8 @@ def up(
     extra = pods.state(L) if pods is not None else {}
     if kueue_bin is not None:  # after the Trainer answers: Kueue's TrainJob integration reads its runtimes
         extra.update(_kueue().up(toolkit, L, k, kueue_bin, "torch-distributed"))
+    if objstore_bin is not None:
+        extra.update(_objstore().up(toolkit, L, k, objstore_bin))
     wait_for(
         "ServiceAccount default/default",
         lambda: k.run("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0,
@@ -162,7 +189,7 @@ def down(L: Layout) -> None:
         _pods().down(toolkit, L)
     else:
         stop_all(L)
-    for f in (L.state_file, L.kueue_file):
+    for f in (L.state_file, L.kueue_file, L.objstore_file):
         if f.exists():
             f.unlink()
 

@@ -60,6 +60,7 @@ def components(L: Layout) -> list[str]:
     """Start order of the instance's processes; in pods mode node ``i`` > 0 adds its own ``<name>-<i>`` (the
     node count is in the mode file node/pods.py writes)."""
     kueue = ["kueue"] if L.kueue_file.exists() else []  # Kueue mode (testbed/kueue/) records itself there
+    kueue += ["objstore"] if L.objstore_file.exists() else []  # and the object store (testbed/objstore/)
     if not L.pods:
         return [*COMPONENTS, *kueue]
     nodes = json.loads(L.mode_file.read_text()).get("nodes", []) if L.mode_file.exists() else []
@@ -99,6 +100,7 @@ class Layout:
         # Pods mode (a real node, testbed/node/) records itself here at up; kwok mode has no file.
         self.mode_file = self.dir / "mode.json"
         self.kueue_file = self.dir / "kueue.json"
+        self.objstore_file = self.dir / "objstore.json"
         mode = json.loads(self.mode_file.read_text()) if self.mode_file.exists() else {}
         self.pods = mode.get("mode") == "pods"
         self.api_host = str(mode.get("api_host", "127.0.0.1"))

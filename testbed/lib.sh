@@ -48,6 +48,13 @@ kueue_key() {
   } | sha256sum | cut -c1-16
 }
 
+objstore_key() {
+  {
+    cat "$TESTBED_SRC/objstore/versions.env" "$TESTBED_SRC"/go/objstore/go.mod "$TESTBED_SRC"/go/objstore/go.sum
+    go env GOVERSION GOOS GOARCH
+  } | sha256sum | cut -c1-16
+}
+
 # Trainer v2.3.0 CRDs and default runtimes: the copies the core ships as package data (vendored unmodified but
 # for the license header), so the testbed needs nothing beside the clone; TRAINFLOW_TRAINER_UPSTREAM overrides.
 trainer_upstream_dir() {

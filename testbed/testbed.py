@@ -7,6 +7,7 @@ controllers as local processes bound to 127.0.0.1 (no container engine):
   etcd -> kube-apiserver (RBAC) -> kube-controller-manager, kube-scheduler
        -> kwok (simulated nodes + pod lifecycle)
        -> JobSet controller + webhooks, Trainer controller manager + webhooks
+       (+ Kueue with --kueue-bin, an S3-compatible object store with --objstore-bin)
 
 Usage (normally through testbed/up.sh and testbed/down.sh):
   testbed.py up     --bin BIN_DIR [--dir RUN_DIR] [--trainer-upstream DIR]
@@ -44,6 +45,7 @@ def main() -> int:
     ap.add_argument("--trainer-upstream")
     ap.add_argument("--node-bin", help="pods mode: the node build (testbed/node/build.sh output)")
     ap.add_argument("--kueue-bin", help="Kueue mode: the Kueue build (testbed/kueue/build.sh output)")
+    ap.add_argument("--objstore-bin", help="object-store mode: the build (testbed/objstore/build.sh output)")
     ap.add_argument("--lines", type=int, default=40)
     a = ap.parse_args()
     L = Layout(a.dir, a.bin)
@@ -57,6 +59,7 @@ def main() -> int:
                 Path(a.trainer_upstream),
                 Path(a.node_bin) if a.node_bin else None,
                 Path(a.kueue_bin) if a.kueue_bin else None,
+                Path(a.objstore_bin) if a.objstore_bin else None,
             )
         except Exception as e:
             log(f"FAILED to start testbed: {e}")

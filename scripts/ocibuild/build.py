@@ -28,8 +28,6 @@ from ocibuild.recipes import (
     GPU_ONLY,
     IMAGES,
     REPO,
-    VERSION,
-    WORKDIR,
     Family,
     LayerSpec,
     cuda_dist,
@@ -64,7 +62,15 @@ def created_epoch() -> int:
     return int(os.environ.get("SOURCE_DATE_EPOCH") or _git("log", "-1", "--format=%ct"))
 
 
-def _own(ctx: Context, family: Family, spec: LayerSpec) -> set[str]:
+def _constraints(ctx: Context, family: Family) -> Path:
+    """uv.lock's versions, or, for a family of projects, the versions their own locks pin."""
+    if not family.projects:
+        return ctx.constraints
+    locks = [REPO / project / "uv.lock" for project in family.projects]
+    return pyenv.lock_constraints(locks, ctx.cache / f"constraints-{family.name}.txt")
+
+
+def _own(ctx: Context, family: Family, spec: LayerSpec, constraints: Path) -> set[str]:
     """What a layer's own requirements add beyond the family's requirements that are not an ``own`` layer's
     and those of the ``own`` layers before it (role ``own``): adding an ``own`` layer after the others
     leaves their content, and digests, as they were."""
@@ -72,8 +78,8 @@ def _own(ctx: Context, family: Family, spec: LayerSpec) -> set[str]:
     own_specs = [s for s in family.layers if s.role == "own"]
     later = {r for s in own_specs[own_specs.index(spec) + 1 :] for r in s.requirements}
     below = [r for r in family.extras_requirements if r not in spec.requirements and r not in later]
-    return set(pyenv.resolve([*below, *spec.requirements], ctx.constraints, python)) - set(
-        pyenv.resolve(below, ctx.constraints, python)
+    return set(pyenv.resolve([*below, *spec.requirements], constraints, python)) - set(
+        pyenv.resolve(below, constraints, python)
     )
 
 
@@ -116,11 +122,15 @@ def _in_layer(spec: LayerSpec, split: bool, path: str) -> bool:
     return not split or spec.role not in ("cuda", "gpu") or _gpu_file(path) == (spec.role == "gpu")
 
 
-def _extras(stage: Path, spec: LayerSpec) -> list[str]:
+def _extras(stage: Path, family: Family, spec: LayerSpec) -> list[str]:
     """Repository files and directories a layer adds besides distributions (created in the stage)."""
     if spec.role == "deps":
-        (stage / WORKDIR.lstrip("/")).mkdir(exist_ok=True)
-        return [WORKDIR.lstrip("/")]
+        (stage / family.workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        return [family.workdir.lstrip("/")]
+    if spec.role == "files":
+        source, target = spec.copy
+        shutil.copytree(REPO / source, stage / target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        return sorted(str(p.relative_to(stage)) for p in (stage / target).rglob("*") if not p.is_dir())
     if spec.role == "examples":
         dest = stage / EXAMPLES_DIR
         dest.mkdir(parents=True, exist_ok=True)
@@ -189,15 +199,18 @@ def build_family(
         started = time.monotonic()
         subprocess.run(["tar", "-xpf", str(ctx.store.path(ctx.base.blob.digest)), "-C", str(rootfs),
                         "--numeric-owner"], check=True)  # fmt: skip
-        pyenv.install(rootfs, family.requirements(ctx.wheel), ctx.constraints, ctx.base.python_version)
+        constraints = _constraints(ctx, family)
+        pyenv.install(rootfs, family.requirements(ctx.wheel), constraints, ctx.base.python_version)
         ctx.timings[f"{family.name}: install"] = time.monotonic() - started
-        deps = set(
-            pyenv.resolve(FAMILIES["kfp"].requirements(ctx.wheel), ctx.constraints, ctx.base.python_version)
-        )
+        deps = set(pyenv.resolve(family.base_requirements(ctx.wheel), constraints, ctx.base.python_version))
         dists = pyenv.distributions(rootfs)
-        own = {spec.name: _own(ctx, family, spec) - deps for spec in family.layers if spec.role == "own"}
+        own = {
+            spec.name: _own(ctx, family, spec, constraints) - deps
+            for spec in family.layers
+            if spec.role == "own"
+        }
         members = _assign(family, dists, deps - {"trainflow"}, own)
-        extras = {spec.name: _extras(rootfs, spec) for spec in family.layers}
+        extras = {spec.name: _extras(rootfs, family, spec) for spec in family.layers}
         skeleton = sorted(p for p, o in pyenv.owners(rootfs, dists).items() if o == pyenv.SKELETON)
         keys: dict[str, str] = {}
         for spec in family.layers:
@@ -285,11 +298,13 @@ def build(
         labels = {
             "org.opencontainers.image.title": spec.title,
             "org.opencontainers.image.description": spec.description,
-            "org.opencontainers.image.version": VERSION,
+            "org.opencontainers.image.version": spec.version,
             "org.opencontainers.image.licenses": "Apache-2.0",
             "org.opencontainers.image.revision": revision,
         }
-        runtime = Runtime((*BASE_ENV, *spec.env), CMD, spec.workdir or WORKDIR, labels)
+        workdir = spec.workdir or FAMILIES[spec.family].workdir
+        cmd = () if spec.entrypoint else CMD  # as a Dockerfile's ENTRYPOINT drops the base image's CMD
+        runtime = Runtime((*BASE_ENV, *spec.env), cmd, workdir, labels, spec.entrypoint)
         manifest, config = write_image(store, layers, runtime, created)
         layout.tag(store, manifest, [spec.default_name])
         summary[image_id] = {

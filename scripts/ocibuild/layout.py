@@ -35,6 +35,7 @@ class Runtime:
     cmd: Sequence[str]
     workdir: str
     labels: dict[str, str]
+    entrypoint: Sequence[str] = ()  # in the config only when set (as Cmd), so other images keep their digests
 
 
 def _rfc3339(epoch: int) -> str:
@@ -46,15 +47,19 @@ def write_image(
 ) -> tuple[Blob, Blob]:
     """Store the config and manifest of an image; returns (manifest, config)."""
     when = _rfc3339(created)
+    settings: dict[str, Any] = {
+        "Env": list(runtime.env),
+        "WorkingDir": runtime.workdir,
+        "Labels": runtime.labels,
+    }
+    if runtime.entrypoint:
+        settings["Entrypoint"] = list(runtime.entrypoint)
+    if runtime.cmd:
+        settings["Cmd"] = list(runtime.cmd)
     config = {
         **PLATFORM,
         "created": when,
-        "config": {
-            "Env": list(runtime.env),
-            "Cmd": list(runtime.cmd),
-            "WorkingDir": runtime.workdir,
-            "Labels": runtime.labels,
-        },
+        "config": settings,
         "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]},
         "history": [
             {"created": _rfc3339(LAYER_MTIME), "created_by": "ocibuild", "comment": layer.comment}

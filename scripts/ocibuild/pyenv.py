@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,21 @@ def locked_constraints(repo: Path, out: Path) -> Path:
     cmd = [uv_binary(), "export", "--frozen", "--all-extras", "--no-emit-project", "--no-hashes",
            "--no-annotate", "--no-header", "-q", "-o", str(out)]  # fmt: skip
     subprocess.run(cmd, cwd=repo, check=True, env=_env(), stdout=subprocess.DEVNULL)
+    return out
+
+
+def lock_constraints(locks: Iterable[Path], out: Path) -> Path:
+    """Every version the uv.lock files pin, but their own projects', as one constraints file; the locks must
+    agree on each package they share."""
+    pins: dict[str, tuple[str, Path]] = {}
+    for lock in locks:
+        for package in tomllib.loads(lock.read_text())["package"]:
+            if {"virtual", "editable"} & set(package.get("source", {})):
+                continue  # the project itself
+            name, version = normalize(package["name"]), package["version"]
+            if pins.setdefault(name, (version, lock))[0] != version:
+                raise SystemExit(f"{name}: {pins[name][1]} pins {pins[name][0]}, {lock} pins {version}")
+    out.write_text("".join(f"{name}=={version}\n" for name, (version, _) in sorted(pins.items())))
     return out
 
 

@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 VERSION: str = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 REGISTRY = "ghcr.io/trainflow"
 EXAMPLES_DIR = "opt/trainflow-examples"
+WORKDIR = "/workspace"
 _CUDA = re.compile(r"^(nvidia-.*|cuda-.*|triton)$")
 # What only a GPU ever loads, of the CUDA layer's distributions (site-packages-relative patterns): the cuDNN
 # engines and sub-libraries (libcudnn.so.9 opens them on first GPU use), cuSOLVER (needed only by torch's
@@ -38,15 +39,17 @@ GPU_ONLY = (
 
 @dataclass(frozen=True)
 class LayerSpec:
-    """A layer of a family: ``deps`` (trainflow[kfp]'s dependencies + venv skeleton), ``cuda`` (CUDA
-    libraries), ``gpu`` (the files of ``cuda``'s distributions that match GPU_ONLY), ``own`` (what ``requirements`` add beyond the family's other requirements),
-    ``rest`` (what is left: torch and its own dependencies), ``trainflow`` (the wheel) or ``examples``
-    (files from the repository)."""
+    """A layer of a family: ``deps`` (trainflow[kfp]'s dependencies, or the projects', + venv skeleton),
+    ``cuda`` (CUDA libraries), ``gpu`` (the files of ``cuda``'s distributions that match GPU_ONLY), ``own``
+    (what ``requirements`` add beyond the family's other requirements), ``rest`` (what is left: torch and its
+    own dependencies), ``trainflow`` (the wheel), ``examples`` (files from the repository) or ``files`` (the
+    repository directory ``copy[0]`` as ``copy[1]``)."""
 
     name: str
     role: str
     comment: str
     requirements: tuple[str, ...] = ()  # role "own" only
+    copy: tuple[str, str] = ("", "")  # role "files" only: (repository directory, rootfs-relative directory)
 
 
 @dataclass(frozen=True)
@@ -54,11 +57,27 @@ class Family:
     """Images built from one staged venv; they share every layer they have in common."""
 
     name: str
-    extras_requirements: tuple[str, ...]  # besides trainflow[kfp] from the wheel
+    # besides trainflow[kfp] from the wheel (or the projects' dependencies)
+    extras_requirements: tuple[str, ...]
     layers: tuple[LayerSpec, ...]
+    # Python projects (repository directories with a pyproject.toml and a uv.lock): when set, the venv holds
+    # their dependencies at the versions their locks pin, instead of trainflow[kfp] under uv.lock's
+    projects: tuple[str, ...] = ()
+    workdir: str = WORKDIR  # the directory the ``deps`` layer creates (the images' working directory)
+
+    def base_requirements(self, wheel: Path) -> list[str]:
+        """What the ``deps`` layer holds with its dependencies."""
+        if self.projects:
+            return sorted({d for p in self.projects for d in project_dependencies(REPO / p)})
+        return [f"trainflow[kfp] @ {wheel.resolve().as_uri()}"]
 
     def requirements(self, wheel: Path) -> list[str]:
-        return [f"trainflow[kfp] @ {wheel.resolve().as_uri()}", *self.extras_requirements]
+        return [*self.base_requirements(wheel), *self.extras_requirements]
+
+
+def project_dependencies(project: Path) -> list[str]:
+    deps: list[str] = tomllib.loads((project / "pyproject.toml").read_text())["project"]["dependencies"]
+    return deps
 
 
 @dataclass(frozen=True)
@@ -70,11 +89,14 @@ class ImageSpec:
     title: str
     description: str
     env: tuple[str, ...] = ()
-    workdir: str = ""  # default WORKDIR
+    workdir: str = ""  # default: the family's workdir
+    entrypoint: tuple[str, ...] = ()  # set: the image has this Entrypoint and no Cmd
+    registry: str = REGISTRY
+    version: str = VERSION  # the tag and the version label
 
     @property
     def default_name(self) -> str:
-        return f"{REGISTRY}/{self.repository}:{VERSION}"
+        return f"{self.registry}/{self.repository}:{self.version}"
 
 
 DEPS = LayerSpec("deps", "deps", "trainflow[kfp] dependencies and the /opt/venv skeleton (uv.lock versions)")
@@ -113,6 +135,32 @@ FAMILIES = {
     ),
     "kfp": Family("kfp", (), (DEPS, TRAINFLOW)),
 }
+
+# Kubeflow Trainer's dataset and model initializers, from its v2.3.0 sources vendored unmodified (third party,
+# Apache-2.0): the two projects' dependencies at their uv.lock versions, and pkg/initializers in /app, as the
+# upstream Dockerfiles (cmd/initializers/*/Dockerfile) lay them out. No trainflow in them.
+TRAINER_TAG = "v2.3.0"  # the tag the Trainer's runtimes overlay gives these images (the testbed installs it)
+TRAINER_SOURCES = f"testbed/upstream/trainer-{TRAINER_TAG}"
+INITIALIZERS_DIR = "app"
+FAMILIES["initializers"] = Family(
+    "initializers",
+    (),
+    (
+        LayerSpec(
+            "initializer-deps",
+            "deps",
+            "huggingface-hub, opendal, kubernetes and their dependencies (Trainer uv.lock versions), /opt/venv",
+        ),
+        LayerSpec(
+            "initializers",
+            "files",
+            f"Kubeflow Trainer {TRAINER_TAG} pkg/initializers in /{INITIALIZERS_DIR}",
+            copy=(f"{TRAINER_SOURCES}/pkg/initializers", f"{INITIALIZERS_DIR}/pkg/initializers"),
+        ),
+    ),
+    projects=tuple(f"{TRAINER_SOURCES}/cmd/initializers/{kind}" for kind in ("dataset", "model")),
+    workdir=f"/{INITIALIZERS_DIR}",
+)
 
 
 @dataclass(frozen=True)
@@ -190,6 +238,25 @@ IMAGES["runtimes"] = ImageSpec(
     workdir=MPI_USER_HOME,
 )
 
+
+def _initializer(kind: str) -> ImageSpec:
+    """The Trainer's ``kind`` initializer, named as its runtimes reference it once the overlay tags it."""
+    return ImageSpec(
+        f"{kind}-initializer",
+        "initializers",
+        ("initializer-deps", "initializers"),
+        f"{kind}-initializer",
+        f"Kubeflow Trainer {kind} initializer",
+        f"Kubeflow Trainer {TRAINER_TAG}'s {kind} initializer (pkg.initializers.{kind}), built from its "
+        "sources on Python 3.11",
+        entrypoint=("python", "-m", f"pkg.initializers.{kind}"),
+        registry="ghcr.io/kubeflow/trainer",
+        version=TRAINER_TAG,
+    )
+
+
+IMAGES |= {spec.id: spec for spec in (_initializer("dataset"), _initializer("model"))}
+
 EXAMPLE_FILES = ("dags_examples/example_training.py",)
 
 BASE_ENV = (
@@ -198,7 +265,6 @@ BASE_ENV = (
     "LANG=C.UTF-8",
     "PYTHONUNBUFFERED=1",
 )
-WORKDIR = "/workspace"
 CMD = ("python3",)
 
 

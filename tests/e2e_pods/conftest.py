@@ -305,3 +305,21 @@ def sigterm_when_running(testbed: Any, k8s: Any, ns: str, proc: Any, group: bool
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def store(testbed: Any, k8s: Any, namespace: str) -> Any:
+    """The testbed's object store, its credentials in the Secret ``store`` of the test namespace."""
+    from s3store import SECRET, make_secret, store_of
+
+    s = store_of(testbed)
+    make_secret(k8s, namespace, SECRET, s.access_key_id, s.secret_access_key)
+    return s
+
+
+@pytest.fixture
+def initializers_runtime(k8s: Any, namespace: str, shared_volume: SharedVolume) -> str:
+    """TrainingRuntime ``torch-with-initializers`` in the test namespace (s3store.runtime_with_initializers)."""
+    from s3store import runtime_with_initializers
+
+    return runtime_with_initializers(k8s, namespace, shared_volume.claim)

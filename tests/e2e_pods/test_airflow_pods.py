@@ -41,6 +41,16 @@ RUNNER = REPO / "tests" / "airflow" / "dag_runner.py"
 EXAMPLES = REPO / "dags_examples"
 DAGS = Path(__file__).resolve().parent / "dags"
 LOGICAL = "2026-03-05"
+# The asset events Airflow recorded for one URI, as [[dag_id, task_id], ...] on the last line.
+ASSET_EVENTS = """
+import json, sys
+from airflow.models.asset import AssetEvent, AssetModel
+from airflow.utils.session import create_session
+with create_session() as session:
+    rows = session.query(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id).filter(
+        AssetModel.uri == sys.argv[1]).all()
+    print(json.dumps([[r.source_dag_id, r.source_task_id] for r in rows]))
+"""
 
 
 def airflow_env(
@@ -182,3 +192,73 @@ def test_on_kill_deletes_the_trainjob_and_its_pods(
     text = log.read_text()
     assert "deleted TrainJob" in text, text[-6000:]
     record("airflow_on_kill", {"sigterm_to_all_gone_s": round(total, 1), "wait_s": round(gone, 1)})
+
+
+def test_s3_dag_initializers_fill_the_workspace_and_the_downstream_task_loads_the_model_from_the_store(
+    testbed: Any,
+    k8s: Any,
+    namespace: str,
+    store: Any,
+    initializers_runtime: str,
+    airflow_home: Path,
+    tmp_path: Path,
+) -> None:
+    """Issue 22, acceptance 1 and 4: the Trainer's initializers download the dataset and the base model from the
+    store; the deferred task's function trainer fine-tunes it and publishes to s3://; the downstream task loads
+    it from the store with its own credentials. The store's keys appear in no object, env, log or XCom."""
+    from test_objstore_pods import everything, seed_inputs
+
+    from trainflow.core import storage
+
+    data, model = seed_inputs(store, namespace, tmp_path)
+    output = store.uri(namespace, "models", "airflow")
+    s3_env = {"TF_S3_DATA": data, "TF_S3_MODEL": model, "TF_S3_OUTPUT": output}
+    s3_env |= {"TF_S3_ENDPOINT": store.service_endpoint, "TF_S3_REGION": store.region}
+    env = airflow_env(airflow_home, testbed, namespace, DAGS, {**s3_env, **store.host_env()})
+    t0 = time.monotonic()
+    logical = f"{LOGICAL}T02:00:00"
+    rc, log = run(
+        [sys.executable, str(RUNNER), "tf_pods_s3", logical, logical], env, 600, tmp_path / "dag.log"
+    )
+    elapsed = time.monotonic() - t0
+    assert rc == 0, log[-8000:]
+    out = json.loads([ln for ln in log.splitlines() if ln.startswith('{"run_id"')][-1])
+    assert "DEFERRED" in log.upper(), log[-6000:]  # the triggerer waited, not the worker
+    evaluated = out["xcoms"]["evaluate[-1].return_value"]
+    result = evaluated["result"]
+    assert result["state"] == "Complete" and result["output_uri"] == output, result
+    assert evaluated["files"] == ["model.pt", "weights.json"], evaluated
+    weights = evaluated["weights"]
+    assert weights["base"] == "tiny-linear" and weights == evaluated["returned"], evaluated
+    assert weights["w"] == pytest.approx(2.0, abs=0.05) and weights["b"] == pytest.approx(1.0, abs=0.05)
+    assert result["metrics"]["loss"] < 1e-3  # from trainerStatus
+
+    # both initializers ran the Trainer's code against the store; the trainer saw what they downloaded
+    pods = {
+        p.metadata.labels.get("jobset.sigs.k8s.io/replicatedjob-name"): p
+        for p in k8s.core.list_namespaced_pod(namespace).items
+    }
+    assert set(pods) == {"dataset-initializer", "model-initializer", "node"}, list(pods)
+    logs = {
+        step: k8s.core.read_namespaced_pod_log(
+            p.metadata.name, namespace, container=p.spec.containers[0].name
+        )
+        for step, p in pods.items()
+    }
+    assert "points.csv" in logs["dataset-initializer"], logs["dataset-initializer"]
+    assert "Skipping ignored file" in logs["model-initializer"], logs["model-initializer"]
+    assert "model dir: ['config.json']" in logs["node"], logs["node"][-3000:]
+    assert f"published 2 file(s) to {output}" in logs["node"], logs["node"][-3000:]
+    assert storage.download(output, tmp_path / "got", store.host_env()) == ["model.pt", "weights.json"]
+    # the task's Asset outlet names the object: Airflow recorded its event when the task succeeded
+    rc, events = run([sys.executable, "-c", ASSET_EVENTS, output], env, 120, tmp_path / "assets.log")
+    assert rc == 0 and json.loads(events.strip().splitlines()[-1]) == [["tf_pods_s3", "fit"]], events[-3000:]
+
+    # the keys reached the pods as Secret references only, and the task log and XCom never held them
+    text = (
+        everything(k8s, namespace)
+        + json.dumps(out)
+        + "".join(p.read_text(errors="replace") for p in (airflow_home / "airflow" / "logs").rglob("*.log"))
+    )
+    assert store.secret_access_key not in text and store.access_key_id not in text
+    record("airflow_s3_dag", {"seconds": round(elapsed, 1)})

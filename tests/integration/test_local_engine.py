@@ -368,7 +368,7 @@ def test_dry_run_and_render_start_nothing(backend: LocalBackend) -> None:
 @pytest.mark.parametrize(
     ("request_", "field"),
     [
-        ({"output_uri": "s3://bucket/model"}, "output_uri"),
+        ({"output_uri": "gs://bucket/model"}, "output_uri"),  # s3:// is published; gs:// is not written
         ({"num_nodes": 0}, "num_nodes"),
         ({"env": {"PET_NNODES": "3"}}, "env.PET_NNODES"),
         ({"runtime": "nope"}, "runtime"),

@@ -146,7 +146,9 @@ def test_apiserver_killed_and_restarted_mid_wait(testbed, k8s, namespace, kube_b
 
 
 def test_etcd_compaction_makes_watches_resume_with_410(testbed, k8s, namespace, kube_backend) -> None:
-    refs = _submit(kube_backend, "gone", 2, 25)
+    # 60 s: the jobs must still run when the compaction and the restart are done (at load 10-13 a 25 s job
+    # ended first, so no watch had to resume and no 410 was seen)
+    refs = _submit(kube_backend, "gone", 2, 60)
     waiters = Waiters(kube_backend, refs).start()
     time.sleep(4)
     # churn so the watchers' resourceVersion is history, then compact it away and drop the watch cache

@@ -47,7 +47,7 @@ def key_jobs(backend, run_id: str) -> list:
     [
         ("before_create", "2026-03-01T01:00:00", 3),
         ("after_create", "2026-03-01T02:00:00", 90),  # outlives a rerun slow to start under load
-        ("waiting", "2026-03-01T03:00:00", 45),
+        ("waiting", "2026-03-01T03:00:00", 90),  # likewise: at load 13-16 a 45 s job had ended first
     ],
 )
 def test_sigkill_at_phase_then_rerun_reattaches(phase: str, run_after: str, seconds: int, tmp_path: Path):

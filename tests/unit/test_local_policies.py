@@ -166,8 +166,12 @@ def test_local_path(uri: str, expected: str | None) -> None:
 def test_output_uri(tmp_path: Path) -> None:
     plan = plan_for({"command": ["x"], "output_uri": "file:///tmp/models/run1"}, tmp_path)
     assert plan["output_dir"] == "/tmp/models/run1" and plan["output_uri"] == "file:///tmp/models/run1"
+    # s3://: staged in the job's own directory, the URI kept for publish_output()
+    plan = plan_for({"command": ["x"], "output_uri": "s3://bucket/m"}, tmp_path)
+    assert plan["output_uri"] == "s3://bucket/m"
+    assert plan["output_dir"] == str(tmp_path / "job" / "output-staging")
     with pytest.raises(InvalidRequest, match="local engine") as info:
-        plan_for({"command": ["x"], "output_uri": "s3://bucket/m"}, tmp_path)
+        plan_for({"command": ["x"], "output_uri": "pvc://claim/m"}, tmp_path)
     assert info.value.fields == ["output_uri"]
 
 

@@ -6,9 +6,12 @@ from __future__ import annotations
 import datetime as dt
 import http.server
 import json
+import os
 import ssl
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,6 +210,22 @@ def test_output_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert reporting.output_dir() == target and target.is_dir()
     monkeypatch.setenv("TRAINFLOW_OUTPUT_URI", str(tmp_path / "abs"))
     assert reporting.output_dir() == tmp_path / "abs"
+    monkeypatch.setenv("TRAINFLOW_OUTPUT_URI", "gs://bucket/model")
+    with pytest.raises(RuntimeError, match="neither a local path nor s3://"):
+        reporting.output_dir()
+    # s3://: a private staging directory (0700 whatever the umask) that publish_output() uploads
     monkeypatch.setenv("TRAINFLOW_OUTPUT_URI", "s3://bucket/model")
-    with pytest.raises(RuntimeError, match="not a local path"):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    old = os.umask(0)
+    try:
+        staged = reporting.output_dir()
+    finally:
+        os.umask(old)
+    assert staged.parent == tmp_path / "tmp" and stat.S_IMODE(staged.stat().st_mode) == 0o700
+    assert reporting.output_staged()
+    # another user's directory, or a symlink, in its place is refused
+    staged.rmdir()
+    staged.symlink_to(tmp_path)
+    with pytest.raises(RuntimeError, match="not a directory of this user"):
         reporting.output_dir()

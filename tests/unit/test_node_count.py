@@ -105,3 +105,16 @@ def test_the_airflow_log_selection_counts_the_runtime_default_nodes() -> None:
     manifest = build_trainjob({"command": ["python3", "t.py"]}, rt)
     assert airflow_nodes(manifest, rt) == 3
     assert log_steps("all", airflow_nodes(manifest, rt)) == ["node-0", "node-1", "node-2"]
+
+
+@pytest.mark.parametrize("runtime_name", [r.name for r in local_catalog()])
+def test_every_pod_name_fits_jobsets_check(runtime_name: str) -> None:
+    """JobSet's webhook (v0.12.0, jobset_webhook.go) refuses a JobSet whose longest pod name
+    ``<jobset>-<rjob>-<jobIdx>-<podIdx>-abcde`` passes 63 characters; the Trainer then never creates it. The
+    derived name leaves room for it in every replicated job, initializers included (found on real pods: a
+    39-character name with ``dataset-initializer`` was refused)."""
+    rt = next(r for r in local_catalog() if r.name == runtime_name)
+    request = TrainJobRequest(idempotency_key="a-very-long-pipeline/and-task/identity-key" * 3, command=["x"])
+    name = job_name(request, rt)
+    for rjob in rt.replicated_job_names:
+        assert len(f"{name}-{rjob}-0-0-abcde") <= 63, (name, rjob)

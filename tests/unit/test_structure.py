@@ -14,14 +14,15 @@ from trainflow.core.request import TrainJobRequest
 REPO = Path(__file__).resolve().parents[2]
 ROOTS = [REPO / "src", REPO / "providers" / "airflow", REPO / "components" / "kfp"]
 # Each group is one import namespace: the directories its programs put on sys.path, with the files they hold.
-# The testbed runs with testbed/, testbed/node/ and testbed/kueue/ on sys.path, so they share one namespace.
+# The testbed runs with testbed/ and its node/, kueue/ and objstore/ on sys.path, so they share one namespace.
 GROUPS: dict[str, list[tuple[Path, str]]] = {
     "trainflow": [(root, "trainflow/**/*.py") for root in ROOTS],
-    "testbed": [(REPO / "testbed" / d, "*.py") for d in ("", "node", "kueue")],
+    "testbed": [(REPO / "testbed" / d, "*.py") for d in ("", "node", "kueue", "objstore")],
     "benchmarks": [(REPO / "benchmarks", "**/*.py")],
     "scripts": [(REPO / "scripts", "**/*.py")],
 }
 SCRIPT_DIRS = ("testbed", "benchmarks", "scripts")
+THIRD_PARTY = REPO / "testbed" / "upstream"  # vendored third-party sources, not project code (*/README.md)
 MAX_LINES = 400
 LONG_REASON = re.compile(r"over 400 lines", re.IGNORECASE)
 
@@ -114,7 +115,7 @@ def test_the_cycle_check_sees_bare_imports_in_scripts() -> None:
 
 def test_every_script_file_is_in_a_group() -> None:
     grouped = {path for group in GROUPS for path in modules(group).values()}
-    on_disk = {path for d in SCRIPT_DIRS for path in (REPO / d).rglob("*.py")}
+    on_disk = {p for d in SCRIPT_DIRS for p in (REPO / d).rglob("*.py") if not p.is_relative_to(THIRD_PARTY)}
     assert on_disk - grouped == set()
 
 
@@ -171,7 +172,7 @@ def test_cli_has_an_option_for_every_request_field() -> None:
 # The doc's table, top to bottom, in its notation (``core/...`` is src/trainflow/core/...). A module imports modules
 # of its own layer and of the layers above it, never below. A file named exactly wins over a ``*``.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("shared", ["core/errors.py", "core/naming.py", "core/reporting.py", "core/hf.py"]),
+    ("shared", ["core/errors.py", "core/naming.py", "core/reporting.py", "core/storage.py", "core/hf.py"]),
     (
         "request",
         [

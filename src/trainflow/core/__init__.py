@@ -44,6 +44,9 @@ _EXPORTS = {
     "parse_request": "validation",
     "report": "reporting",
     "output_dir": "reporting",
+    "publish_output": "storage",
+    "download": "storage",
+    "StorageError": "storage",
 }
 __all__ = [
     "Backend",
@@ -61,6 +64,7 @@ __all__ = [
     "Runtime",
     "RuntimeNotFound",
     "SecretKeyRef",
+    "StorageError",
     "TrainJobConflict",
     "TrainJobFailed",
     "TrainJobNotFound",
@@ -69,6 +73,7 @@ __all__ = [
     "TrainflowError",
     "WaitTimeout",
     "build_trainjob",
+    "download",
     "get_backend",
     "identity_labels",
     "job_name",
@@ -76,6 +81,7 @@ __all__ = [
     "local_catalog",
     "output_dir",
     "parse_request",
+    "publish_output",
     "render",
     "report",
     "result_from_trainjob",
@@ -102,6 +108,7 @@ if TYPE_CHECKING:
     from trainflow.core.request import PvcVolume, Resources, SecretKeyRef, TrainJobRequest
     from trainflow.core.result import JobRef, JobState, TrainJobResult, result_from_trainjob
     from trainflow.core.runtimes import Runtime, local_catalog
+    from trainflow.core.storage import StorageError, download, publish_output
     from trainflow.core.validation import parse_request
 
 

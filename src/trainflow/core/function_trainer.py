@@ -1,5 +1,11 @@
 """Ship a Python function into a TrainJob command: its own source text (or import path) as code, kwargs as JSON.
 
+A function that starts with ``/workspace/dataset`` or ``/workspace/model`` present and empty fails at once: the
+initializer found nothing to download (Trainer v2.3.0's S3 initializer succeeds on a missing prefix).
+
+An ``s3://`` output that the function staged in ``output_dir()`` is uploaded on rank 0 once it returns
+(``storage.publish_output``), before its return value is printed: a step that sees the value finds the model.
+
 The function's return value comes back the way metrics do, through rank 0's log: rank 0 prints it as one
 ``TRAINFLOW_RETURN <json>`` line (at most ``MAX_RETURN_BYTES``) and a wait that ends reads it from the log's
 tail (``reporting.return_value``). A value that is not JSON, or too big, fails the trainer with the reason, as the
@@ -33,6 +39,10 @@ FUNCTION_REF = re.compile(
     r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 )
 MPI_HOSTFILE = "/etc/mpi/hostfile"
+# Where the Trainer's initializers put the dataset and the model (pkg/initializers/utils: /workspace/<kind>).
+# An S3 initializer that finds nothing under its URI still succeeds, leaving its directory empty: a function
+# trainer fails at start then, naming the step, rather than training on nothing.
+WORKSPACE = "/workspace"
 PIP_INDEX_URL = re.compile(r"^(https?|file)://\S+$")
 URL_CREDENTIALS = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*:[^/?#@]*@")
 
@@ -41,6 +51,11 @@ _HEADER = "from __future__ import annotations\n"
 _CALL = f"""
 import json as _tf_json, os as _tf_os, sys as _tf_sys
 _tf_kwargs = _tf_json.loads(_tf_sys.argv[1]) if len(_tf_sys.argv) > 1 else {{}}
+for _tf_kind in ("dataset", "model"):
+    _tf_dir = "{WORKSPACE}/" + _tf_kind
+    if _tf_os.path.isdir(_tf_dir) and not _tf_os.listdir(_tf_dir):
+        raise SystemExit("trainflow: the %s-initializer left %s empty: no object under %s_uri, or every one "
+                         "matched its ignore_patterns; check the URI" % (_tf_kind, _tf_dir, _tf_kind))
 def _tf_return(value):
     for _tf_var in {RANK_VARS!r}:
         _tf_rank = _tf_os.environ.get(_tf_var, "").strip()
@@ -48,6 +63,10 @@ def _tf_return(value):
             if _tf_rank != "0":
                 return
             break
+    _tf_rep = _tf_sys.modules.get("trainflow.core.reporting")
+    if _tf_rep is not None and getattr(_tf_rep, "output_staged", lambda: False)():
+        from trainflow.core.storage import publish_output as _tf_publish
+        _tf_publish()
     if value is None:
         return
     try:

@@ -30,6 +30,7 @@ SERVER_TOKEN_ENV = "KUBEFLOW_TRAINER_SERVER_TOKEN"
 SERVER_CA_ENV = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
 LOCAL_JOB_ENV = "TRAINFLOW_LOCAL_JOB_DIR"
 OUTPUT_ENV = "TRAINFLOW_OUTPUT_URI"
+STAGING_ENV = "TRAINFLOW_OUTPUT_STAGING"
 REPORT_PREFIX = "TRAINFLOW_REPORT "
 RETURN_PREFIX = "TRAINFLOW_RETURN "  # a function trainer's return value (function_trainer prints it)
 MAX_RETURN_BYTES = 64 * 1024
@@ -201,11 +202,44 @@ def return_value(lines: list[str]) -> Any:
     return None
 
 
-def output_dir() -> Path:
-    """The directory the trainer must write its model to (``TRAINFLOW_OUTPUT_URI``: file:// or absolute path).
+def staging_dir(create: bool = True) -> Path | None:
+    """The private directory an ``s3://`` output is staged in before ``publish_output()`` uploads it.
 
-    Created if missing. Raises RuntimeError when the output URI is unset or not a local path (e.g. s3://,
-    which training code must write with its own client).
+    Per user under the temp dir (the local engine: in the job's directory), mode 0700 whatever the umask; refused when it is a symlink or another user's
+    (a shared /tmp). ``create=False``: None when it does not exist."""
+    import contextlib
+    import stat
+    import tempfile
+
+    override = os.environ.get(STAGING_ENV)  # the local engine stages in the job's own directory
+    path = Path(override) if override else Path(tempfile.gettempdir()) / f"trainflow-output-{os.getuid()}"
+    if create:
+        with contextlib.suppress(FileExistsError):  # ranks of one pod may race
+            path.mkdir(mode=0o700)
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise RuntimeError(f"{path} is not a directory of this user: remove it, or set TMPDIR")
+    os.chmod(path, 0o700)
+    return path
+
+
+_staged: list[Path] = []  # set once output_dir() staged an object-store output in this process
+
+
+def output_staged() -> bool:
+    """Whether this process wrote its output to the staging directory (a function trainer then publishes)."""
+    return bool(_staged)
+
+
+def output_dir() -> Path:
+    """The directory the trainer must write its model to (``TRAINFLOW_OUTPUT_URI``).
+
+    A file:// URI or an absolute path: that directory, created if missing. An ``s3://`` URI: a private staging
+    directory whose files ``trainflow.core.publish_output()`` uploads under the URI (a function trainer does it
+    on rank 0 when the function returns). Raises RuntimeError when the output URI is unset or of another kind.
     """
     uri = os.environ.get(OUTPUT_ENV)
     if not uri:
@@ -214,8 +248,15 @@ def output_dir() -> Path:
         path = Path(uri)
     else:
         parsed = urlparse(uri)
+        if parsed.scheme.lower() == "s3":
+            staged = staging_dir()
+            assert staged is not None
+            _staged[:] = [staged]
+            return staged
         if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
-            raise RuntimeError(f"{OUTPUT_ENV}={uri!r} is not a local path; write it with your storage client")
+            raise RuntimeError(
+                f"{OUTPUT_ENV}={uri!r} is neither a local path nor s3://; write it with your client"
+            )
         path = Path(unquote(parsed.path))
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -92,10 +92,12 @@ def check_expanded_size(data: Mapping[str, Any], limit: int = MAX_REQUEST_CHARS)
 
 
 def max_name_length(runtime: Runtime, num_nodes: int) -> int:
-    """Longest TrainJob name whose pod hostnames (<job>-<rjob>-<i>-<j>) stay within 63 characters."""
+    """Longest TrainJob name whose pod names stay within 63 characters as JobSet's webhook checks them:
+    ``<job>-<rjob>-<i>-<j>`` plus a 5-character random suffix (``-abcde``), for the longest replicated job
+    (``dataset-initializer``: 33)."""
     digits = len(str(max(num_nodes - 1, 0)))
     longest = max((len(n) for n in runtime.replicated_job_names), default=4)
-    return min(63, 63 - (1 + longest + 1 + 1 + 1 + digits))
+    return min(63, 63 - (1 + longest + 1 + 1 + 1 + digits + 6))
 
 
 class _Checker:

@@ -109,6 +109,12 @@ def publish(
             files = copy_model(source, model.path)
             model.metadata["files"] = files
             log(f"copied {len(files)} model file(s) from {location} into the Model artifact: {files}")
+        elif location and "://" in location:
+            # an object store (s3://...): the artifact names the object itself, so a downstream step reads
+            # model.uri (trainflow.core.download) as it would any remote artifact
+            model.uri = location
+            model.metadata["model_uri"] = location
+            log(f"model stays at {location} (the Model artifact's uri)")
         elif location:
             model.metadata["model_uri"] = location
             log(f"model stays at {location} (recorded in the Model artifact metadata)")

@@ -22,6 +22,9 @@ JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 CREATION_FAILED_REASON = "TrainJobResourcesCreationFailed"
+# The Trainer's initializer steps: each runs one container named as the step. A failed one is the job's root
+# cause (the trainer never started), so its log tail is the one a failure shows.
+INITIALIZER_STEPS = ("dataset-initializer", "model-initializer")
 
 WAITING_REASONS = frozenset(
     {
@@ -226,16 +229,17 @@ def collect(
 def _failed_log_tail(
     namespace: str, failed_ranks: list[dict[str, Any]], log_container: str, tail_lines: int
 ) -> Plan[str]:
-    """The log tail of the first failed rank's trainer container ("" when there is none or it is gone), read
+    """The log tail of the first failed trainer or initializer container ("" when there is none or it is gone), read
     long enough that a rank's traceback survives torchrun's own report below it (``condense``)."""
-    failed = next((r for r in failed_ranks if r.get("container") == log_container), None)
+    logged = (log_container, *INITIALIZER_STEPS)
+    failed = next((r for r in failed_ranks if r.get("container") in logged), None)
     if failed is None:
         return ""
     try:
         text = yield calls.pod_log(
             namespace,
             failed["pod"],
-            log_container,
+            str(failed["container"]),
             tail_lines=READ_LINES,
             limit_bytes=READ_BYTES,
             previous=bool(failed.get("restarted")),

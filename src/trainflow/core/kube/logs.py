@@ -16,6 +16,7 @@ from trainflow.core.kube import calls, retry
 from trainflow.core.kube.client import KubeApi, iter_lines
 from trainflow.core.kube.diagnostics import (
     COMPLETION_INDEX_LABEL,
+    INITIALIZER_STEPS,
     JOBSET_NAME_LABEL,
     REPLICATED_JOB_LABEL,
     newest,
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INITIALIZER_STEPS = ("dataset-initializer", "model-initializer")
 _NODE_STEP = re.compile(r"^node(?:-(\d+))?$")
 _TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d) (.*)$", re.S)
 

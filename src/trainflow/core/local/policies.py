@@ -21,6 +21,8 @@ from urllib.parse import unquote, urlparse
 from trainflow.core.errors import FieldIssue, InvalidRequest
 from trainflow.core.local import limits
 from trainflow.core.quantity import quantity_value
+from trainflow.core.reporting import STAGING_ENV
+from trainflow.core.storage import is_object_uri
 
 if TYPE_CHECKING:
     from trainflow.core.runtimes import Runtime
@@ -28,12 +30,13 @@ if TYPE_CHECKING:
 OUTPUT_ENV = "TRAINFLOW_OUTPUT_URI"
 NODE_RANK_ENV = "TRAINFLOW_NODE_RANK"
 WORKSPACE_ENV = "TRAINFLOW_WORKSPACE"
+STAGING_DIR = "output-staging"
 INITIALIZER_ENV = {"dataset": "TRAINFLOW_DATASET_DIR", "model": "TRAINFLOW_MODEL_DIR"}
 CLUSTER_HOSTFILE = "/etc/mpi/hostfile"
 LOOPBACK = "127.0.0.1"
 SUPPORTED_POLICIES = (None, "torch", "jax", "xgboost", "mpi")
 # Variables of the caller's environment that must not leak into a job (they belong to another job/pod).
-STRIPPED_ENV_PREFIXES = ("TRAINFLOW_LOCAL_", "KUBEFLOW_TRAINER_SERVER_")
+STRIPPED_ENV_PREFIXES = ("TRAINFLOW_LOCAL_", "KUBEFLOW_TRAINER_SERVER_", STAGING_ENV)
 # Open MPI's own opt-in to running mpirun as root (both must be set).
 ROOT_SWITCHES = frozenset({"OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"})
 
@@ -134,7 +137,8 @@ def _initializers(manifest: dict[str, Any], runtime: Runtime, jobdir: Path) -> l
                 FieldIssue(
                     f"{key}_uri",
                     f"{uri!r} needs the cluster's {key}-initializer; the local engine only reads file:// URIs",
-                    f"download it yourself and pass {key}_uri='file:///path', or use the kubernetes backend",
+                    f"download it first (s3://: trainflow.core.download(uri, path)) and pass "
+                    f"{key}_uri='file:///path', or use the kubernetes backend",
                 )
             )
             continue
@@ -159,20 +163,23 @@ def _initializers(manifest: dict[str, Any], runtime: Runtime, jobdir: Path) -> l
     return out
 
 
-def output_dir_for(manifest: dict[str, Any], jobdir: Path) -> Path:
-    """Where the trainer writes: the path behind ``output_uri`` (file:// or absolute), else ``<jobdir>/output``."""
+def output_for(manifest: dict[str, Any], jobdir: Path) -> tuple[Path, str]:
+    """Where the trainer writes and the output URI: the path behind ``output_uri`` (file:// or absolute), else
+    ``<jobdir>/output``; for ``s3://`` the job's staging directory, which ``publish_output()`` uploads."""
     for item in ((manifest.get("spec") or {}).get("trainer") or {}).get("env") or []:
         if item.get("name") == OUTPUT_ENV and "value" in item:
             uri = str(item["value"])
+            if is_object_uri(uri):
+                return jobdir / STAGING_DIR, uri
             path = local_path(uri)
             if path is None:
                 raise InvalidRequest.one(
                     "output_uri",
                     f"{uri[:80]!r} cannot be written by the local engine",
-                    "use file:///path or an absolute path locally, or run on the kubernetes backend",
+                    "use s3://, file:///path or an absolute path locally, or run on the kubernetes backend",
                 )
-            return path
-    return jobdir / "output"
+            return path, path.as_uri()
+    return jobdir / "output", (jobdir / "output").as_uri()
 
 
 def make_plan(
@@ -238,7 +245,7 @@ def make_plan(
         argv = [str(jobdir / "hostfile") if a == CLUSTER_HOSTFILE else a for a in argv]
     elif policy == "xgboost":
         nproc = _gpu_count(resources) or 1
-    out_dir = output_dir_for(manifest, jobdir)
+    out_dir, out_uri = output_for(manifest, jobdir)
     workdir = container.get("workingDir")
     return {
         "version": 1,
@@ -253,7 +260,7 @@ def make_plan(
         "env": env,
         "cwd": workdir if workdir and os.path.isdir(workdir) else (cwd or os.getcwd()),
         "output_dir": str(out_dir),
-        "output_uri": out_dir.as_uri(),
+        "output_uri": out_uri,
         "initializers": _initializers(manifest, runtime, jobdir),
         "deadline_seconds": spec.get("activeDeadlineSeconds"),
         "secrets_dir": str(home / "secrets"),

@@ -23,6 +23,8 @@ from typing import Any
 from trainflow.core.errors import CorruptState, PermissionDenied
 from trainflow.core.local import cleanup, policies, reaper, store
 from trainflow.core.local.nodes import Node, jobs_status
+from trainflow.core.reporting import STAGING_ENV
+from trainflow.core.storage import is_object_uri
 
 POLL_SECONDS = 0.02  # node exits are noticed within this; a poll is a few syscalls
 
@@ -147,6 +149,8 @@ class Supervisor:
         for init in self.plan.get("initializers") or []:
             env[init["env"]] = init["target"]
         env[policies.OUTPUT_ENV] = self.plan["output_uri"]
+        if is_object_uri(self.plan["output_uri"]):  # staged in the job dir, then published
+            env[STAGING_ENV] = self.plan["output_dir"]
         env[policies.NODE_RANK_ENV] = str(index)
         env[policies.WORKSPACE_ENV] = str(self.job.root / "workspace")
         env[store.JOB_DIR_ENV] = str(self.job.root)
