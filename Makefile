@@ -133,17 +133,18 @@ PODS_IMAGE_NAMES := docker.io/pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime \
 	ghcr.io/kubeflow/trainer/mlx-runtime:v2.3.0 \
 	nvcr.io/nvidia/jax:25.10-py3
 PODS_INITIALIZERS := dataset-initializer model-initializer
+# The TorchTune trainer (Trainer v2.3.0's image pins plus trainflow), under its own name: tests set it as the image
+PODS_OWN := kfp torchtune
 
 # Builds what it names (layers cached: a warm rebuild takes about a minute), so a clean clone works too. Each
 # image goes in as an OCI layout whose blobs are hardlinks into dist/images/oci, never as a multi-GB tar copy:
 # the testbed streams it into containerd (disk, not time, is what a CI machine runs out of).
 pods-images: setup dist image-tools
-	PYTHONPATH=scripts nice $(RUN) python -m ocibuild build runtimes kfp $(PODS_INITIALIZERS)
+	PYTHONPATH=scripts nice $(RUN) python -m ocibuild build runtimes $(PODS_OWN) $(PODS_INITIALIZERS)
 	rm -rf $(PODS_IMAGES)
 	PYTHONPATH=scripts $(RUN) python -m ocibuild archive runtimes --layout \
 	  $(foreach n,$(PODS_IMAGE_NAMES),--name $(n)) -o $(PODS_IMAGES)/runtimes.oci
-	PYTHONPATH=scripts $(RUN) python -m ocibuild archive kfp --layout -o $(PODS_IMAGES)/kfp.oci
-	for i in $(PODS_INITIALIZERS); do PYTHONPATH=scripts $(RUN) python -m ocibuild archive $$i --layout -o $(PODS_IMAGES)/$$i.oci || exit 1; done
+	for i in $(PODS_OWN) $(PODS_INITIALIZERS); do PYTHONPATH=scripts $(RUN) python -m ocibuild archive $$i --layout -o $(PODS_IMAGES)/$$i.oci || exit 1; done
 
 # The suite in two pytest processes side by side (each test has its own namespace; the two nodes hold both
 # halves' pods): the Airflow and KFP tests, and the rest. Their logs follow each other once both are done.

@@ -64,6 +64,8 @@ class Family:
     # their dependencies at the versions their locks pin, instead of trainflow[kfp] under uv.lock's
     projects: tuple[str, ...] = ()
     workdir: str = WORKDIR  # the directory the ``deps`` layer creates (the images' working directory)
+    # uv.lock pins this family does not take (fnmatch patterns of normalized names): its own requirements pin them
+    unpinned: tuple[str, ...] = ()
 
     def base_requirements(self, wheel: Path) -> list[str]:
         """What the ``deps`` layer holds with its dependencies."""
@@ -256,6 +258,42 @@ def _initializer(kind: str) -> ImageSpec:
 
 
 IMAGES |= {spec.id: spec for spec in (_initializer("dataset"), _initializer("model"))}
+
+# Kubeflow Trainer v2.3.0's TorchTune trainer image (cmd/trainers/torchtune) pins, on Python 3.11: torch 2.9.1 (its
+# pytorch/pytorch:2.9.1-cuda12.8 base; here PyPI's build with its CUDA 12.8 libraries, uv.lock's torch unpinned),
+# torchtune, torchao and its requirements.txt's other two; plus trainflow for ``trainflow.core.tune``'s logger.
+TORCHTUNE = (
+    "torch==2.9.1",
+    "torchtune==0.6.1",
+    "torchao==0.15.0",
+    "bitsandbytes==0.50.2",
+    "kagglehub==1.0.3",
+)
+FAMILIES["torchtune"] = Family(
+    "torchtune",
+    TORCHTUNE,
+    (
+        DEPS,
+        LayerSpec("tune-cuda", "cuda", "CUDA 12.8 libraries (nvidia-*) that torch 2.9.1 loads, from PyPI"),
+        LayerSpec("tune-cuda-gpu", "gpu", "what only a GPU loads of them (GPU_ONLY)"),
+        LayerSpec("tune-torch", "rest", "torch 2.9.1 and its remaining dependencies"),
+        LayerSpec(
+            "torchtune", "own", "torchtune, torchao, bitsandbytes, kagglehub and dependencies", TORCHTUNE[1:]
+        ),
+        TRAINFLOW,
+    ),
+    unpinned=("torch", "triton", "nvidia-*", "cuda-*"),
+)
+IMAGES["torchtune"] = ImageSpec(
+    "torchtune",
+    "torchtune",
+    ("deps", "tune-cuda", "tune-torch", "torchtune", "trainflow"),
+    "trainflow-torchtune",
+    "trainflow TorchTune trainer",
+    "Kubeflow Trainer v2.3.0's TorchTune trainer pins (torch 2.9.1, torchtune 0.6.1, torchao 0.15.0) on Python "
+    "3.11 without the GPU-only CUDA files, plus trainflow (trainflow.core.tune.TrainflowLogger): TorchTune "
+    "runtimes on CPU",
+)
 
 EXAMPLE_FILES = ("dags_examples/example_training.py",)
 

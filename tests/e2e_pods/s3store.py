@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from conftest import TRAINER_GROUP, TRAINER_VERSION
 from trainflow.core import storage
 
 RUNTIME = "torch-with-initializers"
@@ -179,3 +180,19 @@ def trainer_store_fields(store: Store, secret: str = SECRET) -> dict[str, Any]:
             "AWS_SECRET_ACCESS_KEY": f"{secret}/secret_access_key",
         },
     }
+
+
+def everything(k8s: Any, ns: str) -> str:
+    """The namespace's TrainJobs, JobSets, Jobs, Pods and events, and every container's log, as text."""
+    api = k8s.core.api_client
+    parts = [
+        json.dumps(k8s.custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, ns, "trainjobs")),
+        json.dumps(k8s.custom.list_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns, "jobsets")),
+        json.dumps(api.sanitize_for_serialization(k8s.batch.list_namespaced_job(ns))),
+        json.dumps(api.sanitize_for_serialization(k8s.core.list_namespaced_event(ns))),
+    ]
+    for pod in k8s.core.list_namespaced_pod(ns).items:
+        parts.append(json.dumps(api.sanitize_for_serialization(pod)))
+        for c in pod.spec.containers:
+            parts.append(k8s.core.read_namespaced_pod_log(pod.metadata.name, ns, container=c.name))
+    return "\n".join(parts)

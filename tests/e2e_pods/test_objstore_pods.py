@@ -19,12 +19,13 @@ from typing import Any
 import pytest
 from s3store import (
     Store,
+    everything,
     initializer_fields,
     make_secret,
     trainer_store_fields,
 )
 
-from conftest import TRAINER_GROUP, TRAINER_VERSION, record
+from conftest import record
 from trainflow.core import TrainJobFailed, TrainJobRequest, storage
 
 pytestmark = pytest.mark.e2e
@@ -46,22 +47,6 @@ def seed_inputs(store: Store, namespace: str, tmp: Path) -> tuple[str, str]:
     store.seed(data, {"points.csv": POINTS.encode()}, tmp / "data")
     store.seed(model, {"config.json": json.dumps(BASE).encode(), "weights.bin": b"\0" * 64}, tmp / "model")
     return data, model
-
-
-def everything(k8s: Any, ns: str) -> str:
-    """The namespace's TrainJobs, JobSets, Jobs, Pods and events, and every container's log, as text."""
-    api = k8s.core.api_client
-    parts = [
-        json.dumps(k8s.custom.list_namespaced_custom_object(TRAINER_GROUP, TRAINER_VERSION, ns, "trainjobs")),
-        json.dumps(k8s.custom.list_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns, "jobsets")),
-        json.dumps(api.sanitize_for_serialization(k8s.batch.list_namespaced_job(ns))),
-        json.dumps(api.sanitize_for_serialization(k8s.core.list_namespaced_event(ns))),
-    ]
-    for pod in k8s.core.list_namespaced_pod(ns).items:
-        parts.append(json.dumps(api.sanitize_for_serialization(pod)))
-        for c in pod.spec.containers:
-            parts.append(k8s.core.read_namespaced_pod_log(pod.metadata.name, ns, container=c.name))
-    return "\n".join(parts)
 
 
 @pytest.mark.parametrize("fault", ["missing-object", "wrong-credential", "unreachable-endpoint"])

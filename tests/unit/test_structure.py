@@ -172,7 +172,17 @@ def test_cli_has_an_option_for_every_request_field() -> None:
 # The doc's table, top to bottom, in its notation (``core/...`` is src/trainflow/core/...). A module imports modules
 # of its own layer and of the layers above it, never below. A file named exactly wins over a ``*``.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("shared", ["core/errors.py", "core/naming.py", "core/reporting.py", "core/storage.py", "core/hf.py"]),
+    (
+        "shared",
+        [
+            "core/errors.py",
+            "core/naming.py",
+            "core/reporting.py",
+            "core/storage.py",
+            "core/hf.py",
+            "core/tune.py",
+        ],
+    ),
     (
         "request",
         [
