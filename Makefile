@@ -133,7 +133,7 @@ PODS_IMAGE_NAMES := docker.io/pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime \
 	ghcr.io/kubeflow/trainer/mlx-runtime:v2.3.0 \
 	nvcr.io/nvidia/jax:25.10-py3
 PODS_INITIALIZERS := dataset-initializer model-initializer
-# The TorchTune trainer (Trainer v2.3.0's image pins plus trainflow), under its own name: tests set it as the image
+# The TorchTune trainer (docs/images.md), under its own name: the TorchTune test sets it as the TrainJob's image
 PODS_OWN := kfp torchtune
 
 # Builds what it names (layers cached: a warm rebuild takes about a minute), so a clean clone works too. Each

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -65,22 +63,11 @@ def created_epoch() -> int:
 
 
 def _constraints(ctx: Context, family: Family) -> Path:
-    """uv.lock's versions (but those ``unpinned``), or, for a family of projects, the versions their own locks pin."""
-    if not family.projects and not family.unpinned:
-        return ctx.constraints
+    """uv.lock's versions, or, for a family of projects, the versions their own locks pin."""
     if not family.projects:
-        out = ctx.cache / f"constraints-{family.name}.txt"
-        lines = ctx.constraints.read_text().splitlines()
-        kept = [line for line in lines if not _unpinned(family, line)]
-        out.write_text("".join(f"{line}\n" for line in kept))
-        return out
+        return ctx.constraints
     locks = [REPO / project / "uv.lock" for project in family.projects]
     return pyenv.lock_constraints(locks, ctx.cache / f"constraints-{family.name}.txt")
-
-
-def _unpinned(family: Family, line: str) -> bool:
-    name = pyenv.normalize(re.split(r"[=<>!~ ;@\[]", line.strip(), maxsplit=1)[0])
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in family.unpinned)
 
 
 def _own(ctx: Context, family: Family, spec: LayerSpec, constraints: Path) -> set[str]:

@@ -64,8 +64,6 @@ class Family:
     # their dependencies at the versions their locks pin, instead of trainflow[kfp] under uv.lock's
     projects: tuple[str, ...] = ()
     workdir: str = WORKDIR  # the directory the ``deps`` layer creates (the images' working directory)
-    # uv.lock pins this family does not take (fnmatch patterns of normalized names): its own requirements pin them
-    unpinned: tuple[str, ...] = ()
 
     def base_requirements(self, wheel: Path) -> list[str]:
         """What the ``deps`` layer holds with its dependencies."""
@@ -111,11 +109,15 @@ FRAMEWORKS = ("deepspeed==0.19.8", "mpi4py==4.1.2", "mlx[cpu]==0.32.4", "jax==0.
 # Hugging Face Transformers with its torch extra (its Trainer needs accelerate), for trainflow.core.hf's
 # TrainflowCallback in HF training code: the versions uv.lock holds for the dev extra, where the local tests run
 HF = ("transformers[torch]==5.24.0", "accelerate==1.15.0")
+# Kubeflow Trainer v2.3.0's TorchTune image requirements (cmd/trainers/torchtune/requirements.txt): torchtune and
+# torchao as it pins them, bitsandbytes and kagglehub at the versions its ranges resolved to on 2026-12-03. Its
+# torch (2.9.1, from its pytorch/pytorch base) is not taken: this layer sits on the family's torch (docs/images.md).
+TORCHTUNE = ("torchtune==0.6.1", "torchao==0.15.0", "bitsandbytes==0.50.2", "kagglehub==1.0.3")
 
 FAMILIES = {
     "torch": Family(
         "torch",
-        ("torch", "numpy", "xgboost-cpu", *FRAMEWORKS, *HF),
+        ("torch", "numpy", "xgboost-cpu", *FRAMEWORKS, *HF, *TORCHTUNE),
         (
             DEPS,
             LayerSpec("cuda", "cuda", "CUDA libraries (nvidia-*, cuda-*) that torch loads, from PyPI"),
@@ -129,8 +131,12 @@ FAMILIES = {
             LayerSpec("xgboost", "own", "xgboost-cpu (the CPU build of XGBoost) and scipy", ("xgboost-cpu",)),
             # after xgboost: what they add beyond every layer above (so the layers above kept their digests)
             LayerSpec("frameworks", "own", "DeepSpeed, mpi4py, MLX (CPU) and JAX (CPU)", FRAMEWORKS),
-            # last of the "own" layers, so every layer above kept its digest
+            # after the frameworks, so every layer above kept its digest
             LayerSpec("hf", "own", "Hugging Face Transformers and its own dependencies", HF),
+            # after hf, for the same reason; only the torchtune image has it
+            LayerSpec(
+                "torchtune", "own", "torchtune, torchao, bitsandbytes, kagglehub and what they add", TORCHTUNE
+            ),
             TRAINFLOW,
             LayerSpec("examples", "examples", f"dags_examples/example_training.py in /{EXAMPLES_DIR}"),
         ),
@@ -259,40 +265,15 @@ def _initializer(kind: str) -> ImageSpec:
 
 IMAGES |= {spec.id: spec for spec in (_initializer("dataset"), _initializer("model"))}
 
-# Kubeflow Trainer v2.3.0's TorchTune trainer image (cmd/trainers/torchtune) pins, on Python 3.11: torch 2.9.1 (its
-# pytorch/pytorch:2.9.1-cuda12.8 base; here PyPI's build with its CUDA 12.8 libraries, uv.lock's torch unpinned),
-# torchtune, torchao and its requirements.txt's other two; plus trainflow for ``trainflow.core.tune``'s logger.
-TORCHTUNE = (
-    "torch==2.9.1",
-    "torchtune==0.6.1",
-    "torchao==0.15.0",
-    "bitsandbytes==0.50.2",
-    "kagglehub==1.0.3",
-)
-FAMILIES["torchtune"] = Family(
-    "torchtune",
-    TORCHTUNE,
-    (
-        DEPS,
-        LayerSpec("tune-cuda", "cuda", "CUDA 12.8 libraries (nvidia-*) that torch 2.9.1 loads, from PyPI"),
-        LayerSpec("tune-cuda-gpu", "gpu", "what only a GPU loads of them (GPU_ONLY)"),
-        LayerSpec("tune-torch", "rest", "torch 2.9.1 and its remaining dependencies"),
-        LayerSpec(
-            "torchtune", "own", "torchtune, torchao, bitsandbytes, kagglehub and dependencies", TORCHTUNE[1:]
-        ),
-        TRAINFLOW,
-    ),
-    unpinned=("torch", "triton", "nvidia-*", "cuda-*"),
-)
 IMAGES["torchtune"] = ImageSpec(
     "torchtune",
-    "torchtune",
-    ("deps", "tune-cuda", "tune-torch", "torchtune", "trainflow"),
+    "torch",
+    ("deps", "cuda", "torch", "xgboost", "frameworks", "hf", "torchtune", "trainflow"),
     "trainflow-torchtune",
     "trainflow TorchTune trainer",
-    "Kubeflow Trainer v2.3.0's TorchTune trainer pins (torch 2.9.1, torchtune 0.6.1, torchao 0.15.0) on Python "
-    "3.11 without the GPU-only CUDA files, plus trainflow (trainflow.core.tune.TrainflowLogger): TorchTune "
-    "runtimes on CPU",
+    "The runtimes image's Python layers plus torchtune 0.6.1, torchao 0.15.0, bitsandbytes and kagglehub (Kubeflow "
+    "Trainer v2.3.0's TorchTune image requirements) and trainflow (trainflow.core.tune.TrainflowLogger): the "
+    "TorchTune runtimes on CPU",
 )
 
 EXAMPLE_FILES = ("dags_examples/example_training.py",)
