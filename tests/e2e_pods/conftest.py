@@ -168,27 +168,44 @@ class SharedVolume:
         return {"claim_name": self.claim, "mount_path": str(self.path)}
 
 
+def hostpath_pv(k8s: Any, name: str, path: Path, size: str, mode: str, namespace: str, claim: str) -> None:
+    """A hostPath PersistentVolume (``path``, created here) pre-bound to the claim ``namespace/claim``."""
+    from kubernetes import client
+
+    path.mkdir(parents=True, exist_ok=True)
+    k8s.core.create_persistent_volume(
+        client.V1PersistentVolume(
+            metadata=client.V1ObjectMeta(name=name),
+            spec=client.V1PersistentVolumeSpec(
+                capacity={"storage": size},
+                access_modes=[mode],
+                persistent_volume_reclaim_policy="Retain",
+                storage_class_name="",
+                host_path=client.V1HostPathVolumeSource(path=str(path), type="Directory"),
+                claim_ref=client.V1ObjectReference(namespace=namespace, name=claim),
+            ),
+        )
+    )
+
+
+def delete_pv(k8s: Any, name: str) -> None:
+    from kubernetes import client
+
+    try:
+        k8s.core.delete_persistent_volume(name)
+    except client.ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
 @pytest.fixture
 def shared_volume(testbed: Any, k8s: Any, namespace: str) -> Iterator[SharedVolume]:
     """PV (hostPath under the testbed dir, RWX) bound to PVC ``shared`` in the test namespace."""
     from kubernetes import client
 
     path = testbed.dir / "shared" / namespace
-    path.mkdir(parents=True, exist_ok=True)
     pv_name = f"shared-{namespace}"
-    k8s.core.create_persistent_volume(
-        client.V1PersistentVolume(
-            metadata=client.V1ObjectMeta(name=pv_name),
-            spec=client.V1PersistentVolumeSpec(
-                capacity={"storage": "1Gi"},
-                access_modes=["ReadWriteMany"],
-                persistent_volume_reclaim_policy="Retain",
-                storage_class_name="",
-                host_path=client.V1HostPathVolumeSource(path=str(path), type="Directory"),
-                claim_ref=client.V1ObjectReference(namespace=namespace, name="shared"),
-            ),
-        )
-    )
+    hostpath_pv(k8s, pv_name, path, "1Gi", "ReadWriteMany", namespace, "shared")
     k8s.core.create_namespaced_persistent_volume_claim(
         namespace,
         client.V1PersistentVolumeClaim(
@@ -207,11 +224,7 @@ def shared_volume(testbed: Any, k8s: Any, namespace: str) -> Iterator[SharedVolu
         "PVC shared Bound",
     )
     yield SharedVolume("shared", path)
-    try:
-        k8s.core.delete_persistent_volume(pv_name)
-    except client.ApiException as exc:
-        if exc.status != 404:
-            raise
+    delete_pv(k8s, pv_name)
 
 
 def cli(testbed: Any, ns: str, *args: str) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import pytest
 import tiny_llama
 from s3store import Store, everything, initializer_fields, trainer_store_fields
 
-from conftest import TRAINER_GROUP, TRAINER_VERSION, record
+from conftest import TRAINER_GROUP, TRAINER_VERSION, delete_pv, hostpath_pv, record
 from trainflow.core import TrainJobRequest, storage
 
 pytestmark = pytest.mark.e2e
@@ -38,32 +39,12 @@ BOUND_S = 600
 
 
 @pytest.fixture
-def runtime_volume(testbed: Any, k8s: Any, namespace: str) -> Any:
+def runtime_volume(testbed: Any, k8s: Any, namespace: str) -> Iterator[Path]:
     """A hostPath PV pre-bound to the claim the runtime's template makes for this test's TrainJob (20Gi RWO)."""
-    from kubernetes import client
-
-    path = testbed.dir / "tune" / namespace
-    path.mkdir(parents=True, exist_ok=True)
-    name = f"tune-{namespace}"
-    k8s.core.create_persistent_volume(
-        client.V1PersistentVolume(
-            metadata=client.V1ObjectMeta(name=name),
-            spec=client.V1PersistentVolumeSpec(
-                capacity={"storage": "20Gi"},
-                access_modes=["ReadWriteOnce"],
-                persistent_volume_reclaim_policy="Retain",
-                storage_class_name="",
-                host_path=client.V1HostPathVolumeSource(path=str(path), type="Directory"),
-                claim_ref=client.V1ObjectReference(namespace=namespace, name=CLAIM),
-            ),
-        )
-    )
+    path, name = testbed.dir / "tune" / namespace, f"tune-{namespace}"
+    hostpath_pv(k8s, name, path, "20Gi", "ReadWriteOnce", namespace, CLAIM)
     yield path
-    try:
-        k8s.core.delete_persistent_volume(name)
-    except client.ApiException as exc:
-        if exc.status != 404:
-            raise
+    delete_pv(k8s, name)
 
 
 def test_torchtune_lora_fine_tune_reports_loss_and_publishes_its_adapter(
@@ -79,7 +60,9 @@ def test_torchtune_lora_fine_tune_reports_loss_and_publishes_its_adapter(
         image=IMAGE,
         args=[*tiny_llama.RECIPE_ARGS, "metric_logger._component_=trainflow.core.tune.TrainflowLogger"],
         proc_per_node=1,
-        resources={"cpu": 1, "memory": "3Gi"},
+        # The runtime's node container asks for 2 GPUs and the Trainer merges resourcesPerNode into it: a zero
+        # GPU limit is what runs it on CPU nodes (left out, the pod stays Unschedulable: Insufficient nvidia.com/gpu)
+        resources={"cpu": 1, "memory": "3Gi", "limits": {"nvidia.com/gpu": 0}},
         output_uri=output,
         **initializer_fields(store, "dataset", data),
         **initializer_fields(store, "model", model),
