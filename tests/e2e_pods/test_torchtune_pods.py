@@ -62,7 +62,11 @@ def test_torchtune_lora_fine_tune_reports_loss_and_publishes_its_adapter(
         proc_per_node=1,
         # The runtime's node container asks for 2 GPUs and the Trainer merges resourcesPerNode into it: a zero
         # GPU limit is what runs it on CPU nodes (left out, the pod stays Unschedulable: Insufficient nvidia.com/gpu)
-        resources={"cpu": 1, "memory": "3Gi", "limits": {"nvidia.com/gpu": 0}},
+        # (small requests: it shares the two nodes with the rest of the suite)
+        resources={
+            "requests": {"cpu": "250m", "memory": "1Gi"},
+            "limits": {"cpu": 2, "memory": "3Gi", "nvidia.com/gpu": 0},
+        },
         output_uri=output,
         **initializer_fields(store, "dataset", data),
         **initializer_fields(store, "model", model),
