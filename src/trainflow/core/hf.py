@@ -19,23 +19,14 @@ without the gate) this callback is what reports. Importing this module imports t
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from trainflow.core.reporting import report
+from trainflow.core.reporting import numeric_metrics, report
 
 log = logging.getLogger("trainflow.report")
-
-
-def _numbers(logs: dict[str, Any] | None) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for key, value in (logs or {}).items():
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            out[str(key)] = float(value)
-    return out
 
 
 class TrainflowCallback(TrainerCallback):
@@ -87,7 +78,7 @@ class TrainflowCallback(TrainerCallback):
         **kwargs: Any,
     ) -> None:
         if self._active:
-            self._report(state, _numbers(logs))
+            self._report(state, numeric_metrics(logs))
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

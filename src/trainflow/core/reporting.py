@@ -76,6 +76,19 @@ def _clean(metrics: Mapping[str, float | str] | None) -> dict[str, float | str]:
     return out
 
 
+def numeric_metrics(values: Mapping[str, Any] | None) -> dict[str, float]:
+    """The finite numbers of a framework's log record (a 0-d tensor counts), as report() metrics."""
+    import math
+
+    out: dict[str, float] = {}
+    for key, value in (values or {}).items():
+        if hasattr(value, "item"):  # a 0-d tensor (TorchTune's grad_norm)
+            value = value.item()
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            out[str(key)] = float(value)
+    return out
+
+
 def _progress(progress: int | None) -> int | None:
     return None if progress is None else max(0, min(100, int(progress)))
 

@@ -15,29 +15,18 @@ Duck-typed to TorchTune's ``MetricLoggerInterface``: importing this module does 
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from trainflow.core import storage
-from trainflow.core.reporting import OUTPUT_ENV, is_rank0, report
+from trainflow.core.reporting import OUTPUT_ENV, is_rank0, numeric_metrics, report
 
 
 def _config_value(config: Any, key: str) -> Any:
     getter = getattr(config, "get", None)
     return getter(key) if callable(getter) else getattr(config, key, None)
-
-
-def _numbers(payload: Mapping[str, Any]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for key, value in payload.items():
-        if hasattr(value, "item"):  # a 0-d tensor (grad_norm)
-            value = value.item()
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            out[str(key)] = float(value)
-    return out
 
 
 class TrainflowLogger:
@@ -66,7 +55,7 @@ class TrainflowLogger:
 
     def log_dict(self, payload: Mapping[str, Any], step: int) -> None:
         self.step = max(self.step, step)
-        metrics = _numbers(payload)
+        metrics = numeric_metrics(payload)
         if metrics:
             report(metrics=metrics, progress=self._progress(step))
 
