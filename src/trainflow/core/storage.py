@@ -131,18 +131,19 @@ def download(uri: str, dest: Path, env: Mapping[str, str] | None = None) -> list
     return sorted(got)
 
 
-def publish_output(env: Mapping[str, str] | None = None) -> list[str]:
-    """Upload what ``output_dir()`` staged to the ``s3://`` output URI (rank 0 only); returns the files
-    uploaded. Nothing to do for a local output URI or another rank."""
+def publish_output(env: Mapping[str, str] | None = None, directory: Path | None = None) -> list[str]:
+    """Upload ``directory`` (default: what ``output_dir()`` staged) to the ``s3://`` output URI, rank 0 only;
+    returns the files uploaded. Nothing to do for a local output URI or another rank."""
     env = os.environ if env is None else env
     uri = env.get(OUTPUT_ENV, "")
     if not is_object_uri(uri) or not is_rank0():
         return []
-    staged = staging_dir(create=False)
-    if staged is None:
-        raise StorageError(f"nothing to publish to {uri}: write the model into trainflow.core.output_dir()")
-    files = upload(staged, uri, env)
+    source = staging_dir(create=False) if directory is None else directory
+    if source is None or not source.is_dir():
+        where = "trainflow.core.output_dir()" if directory is None else str(directory)
+        raise StorageError(f"{where} is missing: nothing to publish to {uri}; write the model there")
+    files = upload(source, uri, env)
     if not files:
-        raise StorageError(f"output_dir() ({staged}) is empty: nothing to publish to {uri}")
+        raise StorageError(f"{source} is empty: nothing to publish to {uri}")
     print(f"trainflow: published {len(files)} file(s) to {uri}", flush=True)
     return files

@@ -62,16 +62,7 @@ class TrainflowLogger:
     def close(self) -> None:
         """Training ended and its checkpoint is saved: report 100 % and publish ``output_dir`` if asked."""
         report(progress=100)
-        uri = os.environ.get(OUTPUT_ENV, "")
-        if not storage.is_object_uri(uri) or not is_rank0():
-            return
-        if self.output_dir is None or not self.output_dir.is_dir():
-            raise storage.StorageError(
-                f"the recipe's output_dir ({self.output_dir}) is missing: nothing to publish"
-            )
-        files = storage.upload(self.output_dir, uri, os.environ)
-        if not files:
-            raise storage.StorageError(
-                f"the recipe's output_dir ({self.output_dir}) is empty: nothing to publish"
-            )
-        print(f"trainflow: published {len(files)} file(s) of {self.output_dir} to {uri}", flush=True)
+        if self.output_dir is not None:
+            storage.publish_output(directory=self.output_dir)
+        elif storage.is_object_uri(os.environ.get(OUTPUT_ENV)) and is_rank0():
+            raise storage.StorageError("the recipe config has no output_dir: nothing to publish")
