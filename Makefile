@@ -6,7 +6,7 @@ VENV := .venv
 RUN := $(UV) run --frozen --extra dev --no-sync
 PYTEST_FLAGS ?= -q
 
-.PHONY: setup demo test test-serial test-fast test-fast-airflow test-fast-rest reliability-long lint typecheck fmt components check-components e2e e2e-reliability bench bench-full clean \
+.PHONY: setup setup-bench demo test test-under-load test-serial test-fast test-fast-airflow test-fast-rest reliability-long lint typecheck fmt components check-components e2e e2e-reliability bench bench-full clean \
 	dist test-dist image-tools images image-archive test-images e2e-pods pods-images e2e-airflow test-airflow-floor \
 	provider-reference
 
@@ -17,6 +17,10 @@ $(UV):
 
 setup: $(UV)
 	$(UV) sync --frozen --extra dev -p 3.11
+
+# The dev environment plus the peers the differential suite and the benchmarks compare with.
+setup-bench: $(UV)
+	$(UV) sync --frozen --extra dev --extra bench -p 3.11 --quiet
 
 lint: setup
 	$(RUN) ruff check .
@@ -106,7 +110,7 @@ RELIABILITY_TESTBED := TRAINFLOW_TESTBED_DIR=$${TRAINFLOW_RELIABILITY_TESTBED_DI
 e2e-reliability: setup
 	@set -e; export $(RELIABILITY_TESTBED); trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh; rc=0; \
 	  $(RUN) pytest -m e2e tests/reliability $(PYTEST_FLAGS) || rc=1; \
-	  $(UV) sync --frozen --extra dev --extra bench -p 3.11 --quiet; \
+	  $(MAKE) --no-print-directory setup-bench; \
 	  $(RUN) --extra bench pytest -m e2e tests/differential $(PYTEST_FLAGS) || rc=1; \
 	  exit $$rc
 
@@ -177,6 +181,12 @@ e2e-airflow: setup
 AIRFLOW_FLOORS ?= 2.11 3.0
 test-airflow-floor: setup
 	for v in $(AIRFLOW_FLOORS); do bash tests/airflow_deploy/run.sh --airflow $$v --suite floor || exit 1; done
+
+# The fast lanes and one e2e lane with CPU hogs beside them (one per core, normal priority, bounded in time):
+# load flakes show here before CI finds them. Run it once per change to waits, logs or the local engine.
+UNDER_LOAD ?= test-fast-rest test-fast-airflow e2e
+test-under-load: setup
+	bash scripts/under_load.sh $(UNDER_LOAD)
 
 # Every suite: the checks first, the cluster, Airflow and pods suites side by side on their own testbeds while
 # the cold builds run (scripts/test_all.sh; logs in build/test-logs). test-serial: one by one.

@@ -39,9 +39,18 @@ watch_disk() { # the least free space seen, sampled every 10 s, for the summary
   done
 }
 
+# TRAINFLOW_TEST_ALL_STUB=<file> runs the run graph with every step replaced by a sleep ("<step> <seconds>
+# [fail]" lines; unnamed steps take 0 s and pass): tests/unit/test_run_graph.py checks the order of steps.
+STUB="${TRAINFLOW_TEST_ALL_STUB:-}"
+POLL="${TRAINFLOW_TEST_ALL_POLL:-5}"
+stubbed() { # name: the stub's command for that step
+  awk -v n="$1" '$1 == n { printf "sleep %s%s", $2, ($3 == "fail" ? " && false" : ""); f = 1 }
+    END { if (!f) printf "true" }' "$STUB"
+}
 step() { # name command... : runs one step, logs it, records its time and result
   local name="$1" s rc; shift
   s=$(date +%s); say "start $name"
+  if [ -n "$STUB" ]; then set -- bash -c "$(stubbed "$name")"; fi
   "$@" >"$LOGS/$name.log" 2>&1; rc=$?
   local took=$(( $(date +%s) - s ))
   if [ $rc -eq 0 ]; then
@@ -61,8 +70,11 @@ await() { # marker: waits for a build marker; fails when the build failed
   while :; do
     [ -e "$LOGS/.$1" ] && return 0
     [ -e "$LOGS/.$1-failed" ] && { say "not running: $1 failed"; echo "(needs $1) NOT RUN" >>"$LOGS/summary"; return 1; }
-    sleep 5
+    sleep "$POLL"
   done
+}
+ended() { # marker: waits until that build has ended, passed or failed
+  while [ ! -e "$LOGS/.$1" ] && [ ! -e "$LOGS/.$1-failed" ]; do sleep "$POLL"; done
 }
 
 lane_checks() { # every step runs even after a failure, so one CI run reports every broken suite
@@ -85,16 +97,19 @@ build_go_chain() {
   # the e2e and Airflow testbeds run Kueue (up.sh --kueue); the node build does not need it
   { step build-kueue bash testbed/kueue/build.sh && mark kueue; } || mark kueue-failed
   { step build-node bash testbed/node/build.sh && mark node; } || { mark node-failed; return 1; }
-  # The binaries are cached by version key; Go's build cache (several GB) serves only the next cold build.
-  step prune-go-cache bash -c '. testbed/lib.sh && go clean -cache'
 }
 lane_build_go() { # marks go-done however the chain ends: the lanes that only wait for CPU wait for it
   build_go_chain; local rc=$?
   mark go-done
+  # The binaries are cached by version key; Go's build cache (several GB) serves only the next cold build. It
+  # is pruned only once no Go build of this run can read it: the object store compiles from it in the e2e
+  # lane, and a cached chain ends long before that build does (go clean -cache under it failed the build).
+  ended objstore
+  step prune-go-cache bash -c '. testbed/lib.sh && go clean -cache' || rc=1
   return $rc
 }
 after_go_builds() { # on a cold machine the Go builds are the critical path: start only once they are done
-  while [ ! -e "$LOGS/.go-done" ]; do sleep 5; done
+  while [ ! -e "$LOGS/.go-done" ]; do sleep "$POLL"; done
 }
 lane_build_images() {
   { step pods-images "${MK[@]}" pods-images && mark images; } || { mark images-failed; return 1; }
@@ -129,11 +144,13 @@ lane_pods() {
 }
 
 # Sequential: the locked environment, the wheel, and every Debian package (apt takes one installer at a time).
-step setup make --no-print-directory setup || exit 1
+# The locked environment with the bench extra too: the reliability lane's differential suite needs it, and its
+# own sync (make e2e-reliability) must not change the venv under the lanes already running from it.
+step setup make --no-print-directory setup-bench || exit 1
 step prerequisites bash -c 'make --no-print-directory -o setup dist image-tools && bash testbed/node/build.sh --deps \
   && bash tests/airflow_deploy/system_deps.sh' || exit 1
 
-watch_disk & disk_watcher=$!
+watch_disk >/dev/null 2>&1 & disk_watcher=$!
 pids=()
 tree() { local c; for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do echo "$c"; tree "$c"; done; }
 stop_lanes() { # every process under the lanes at once: make's recipes run their own cleanup (testbed down) on TERM

@@ -33,7 +33,7 @@ from ocibuild.recipes import (
     cuda_dist,
     gpu_only,
 )
-from ocibuild.store import Blob, BlobStore, canonical_json
+from ocibuild.store import Blob, BlobStore, canonical_json, write_atomic
 
 # Bump when the layer recipe changes in a way the cache key would not see.
 LAYER_FORMAT = 1
@@ -174,7 +174,7 @@ def _cached(ctx: Context, key: str) -> Blob | None:
 
 def _remember(ctx: Context, key: str, blob: Blob) -> None:
     (ctx.cache / "layers").mkdir(parents=True, exist_ok=True)
-    (ctx.cache / "layers" / f"{key}.json").write_text(json.dumps({"digest": blob.digest, "size": blob.size}))
+    write_atomic(ctx.cache / "layers" / f"{key}.json", json.dumps({"digest": blob.digest, "size": blob.size}))
 
 
 def _drop_stale_stages(work: Path) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ocibuild.layers import LAYER_MTIME, diff_layer, normalize_tar_layer
-from ocibuild.store import Blob, BlobStore, canonical_json
+from ocibuild.store import Blob, BlobStore, canonical_json, write_atomic
 
 SUITE = "bookworm"
 SOURCES = (
@@ -141,7 +141,8 @@ def build_base(store: BlobStore, cache: Path, refresh: bool = False) -> Base:
     blob = _mmdebstrap(store, cache, key, PACKAGES, ())
     packages = _dpkg_status(store.path(blob.digest))
     python_version = packages["python3.11"].split("-", 1)[0]
-    record.write_text(
+    write_atomic(
+        record,
         json.dumps(
             {
                 "digest": blob.digest,
@@ -152,7 +153,7 @@ def build_base(store: BlobStore, cache: Path, refresh: bool = False) -> Base:
                 "recipe": recipe,
             },
             indent=1,
-        )
+        ),
     )
     return Base(blob, packages, python_version)
 
@@ -188,6 +189,6 @@ def build_debian_layer(
             store.path(full.digest).unlink(missing_ok=True)
     # dpkg's status file changed, so the layer holds it: what it lists beyond the base is what was added
     added = {p: v for p, v in _dpkg_status(store.path(blob.digest)).items() if base.packages.get(p) != v}
-    record.write_text(json.dumps({"digest": blob.digest, "size": blob.size, "mediaType": blob.media_type,
-                                  "packages": added, "recipe": recipe}, indent=1))  # fmt: skip
+    write_atomic(record, json.dumps({"digest": blob.digest, "size": blob.size, "mediaType": blob.media_type,
+                                     "packages": added, "recipe": recipe}, indent=1))  # fmt: skip
     return DebianLayer(blob, added, comment)

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ocibuild.store import write_atomic
+
 VENV = "opt/venv"
 SITE = f"{VENV}/lib/python3.11/site-packages"
 PLATFORM = "x86_64-manylinux_2_36"  # Debian 12: glibc 2.36
@@ -38,8 +40,10 @@ def _env() -> dict[str, str]:
 def locked_constraints(repo: Path, out: Path) -> Path:
     """Every version pinned in uv.lock, as a constraints file (images use exactly the tested versions)."""
     cmd = [uv_binary(), "export", "--frozen", "--all-extras", "--no-emit-project", "--no-hashes",
-           "--no-annotate", "--no-header", "-q", "-o", str(out)]  # fmt: skip
-    subprocess.run(cmd, cwd=repo, check=True, env=_env(), stdout=subprocess.DEVNULL)
+           "--no-annotate", "--no-header", "-q"]  # fmt: skip
+    write_atomic(
+        out, subprocess.run(cmd, cwd=repo, check=True, env=_env(), capture_output=True, text=True).stdout
+    )
     return out
 
 
@@ -54,7 +58,7 @@ def lock_constraints(locks: Iterable[Path], out: Path) -> Path:
             name, version = normalize(package["name"]), package["version"]
             if pins.setdefault(name, (version, lock))[0] != version:
                 raise SystemExit(f"{name}: {pins[name][1]} pins {pins[name][0]}, {lock} pins {version}")
-    out.write_text("".join(f"{name}=={version}\n" for name, (version, _) in sorted(pins.items())))
+    write_atomic(out, "".join(f"{name}=={version}\n" for name, (version, _) in sorted(pins.items())))
     return out
 
 

@@ -24,6 +24,19 @@ class Blob:
         return {"mediaType": self.media_type, "digest": self.digest, "size": self.size, **extra}
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` whole: builds sharing a cache (make test's image lanes run side by side) read records
+    and constraints files another build may be rewriting, and must never see one half written."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def canonical_json(value: Any) -> bytes:
     """One byte form per value: sorted keys, no spaces (so a config or manifest digest is stable)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()

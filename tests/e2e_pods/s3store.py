@@ -193,6 +193,10 @@ def everything(k8s: Any, ns: str) -> str:
     ]
     for pod in k8s.core.list_namespaced_pod(ns).items:
         parts.append(json.dumps(api.sanitize_for_serialization(pod)))
-        for c in pod.spec.containers:
-            parts.append(k8s.core.read_namespaced_pod_log(pod.metadata.name, ns, container=c.name))
+        statuses = (pod.status.init_container_statuses or []) + (pod.status.container_statuses or [])
+        for c in statuses:
+            # a container that never started has no log (the API answers 400 "waiting to start", as the
+            # product's own log reader treats as "not yet"); every one that ran is read
+            if c.state.running or c.state.terminated or (c.last_state and c.last_state.terminated):
+                parts.append(k8s.core.read_namespaced_pod_log(pod.metadata.name, ns, container=c.name))
     return "\n".join(parts)
