@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
+import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from trainflow.core import JobState, result_from_trainjob
+from trainflow.core.errors import PermissionDenied
 from trainflow.core.local import store
 
 
@@ -51,14 +55,15 @@ def test_lock_held_sees_another_process_and_its_death(tmp_path: Path) -> None:
     lock = tmp_path / ".supervisor.lock"
     assert store.lock_held(lock) is False  # no file yet
     code = (
-        "import fcntl, os, sys, time\n"
-        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
-        "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(60)\n"
+        "import sys, time\nfrom pathlib import Path\nfrom trainflow.core.local import store\n"
+        "assert store.take_liveness_lock(Path(sys.argv[1])) is not None\n"
+        "print('locked', flush=True)\ntime.sleep(60)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(lock)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
         assert store.lock_held(lock) is True
+        assert store.take_liveness_lock(lock) is None  # a second owner gives up
         start = store.proc_start_time(proc.pid)
         assert start is not None and store.pid_alive(proc.pid, start)
         assert not store.pid_alive(proc.pid, start + 1)  # pid reuse guard
@@ -71,13 +76,53 @@ def test_lock_held_sees_another_process_and_its_death(tmp_path: Path) -> None:
 
 def test_lock_is_per_open_file_so_a_holder_in_this_process_counts(tmp_path: Path) -> None:
     lock = tmp_path / "l"
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fd = store.take_liveness_lock(lock)
+    assert fd is not None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         assert store.lock_held(lock) is True
+        assert stat.S_IMODE(os.stat(lock).st_mode) == 0o600
     finally:
         os.close(fd)
     assert store.lock_held(lock) is False
+
+
+def test_readers_never_disturb_the_owner_of_the_liveness_lock(tmp_path: Path) -> None:
+    """A reader's check acquires nothing: with readers checking in a loop, and with a stray reader holding the
+    file's shared flock and a read lock, the owner still takes the lock (issue 33)."""
+    lock = tmp_path / ".supervisor.lock"
+    lock.touch(mode=0o600)
+    stray = os.open(lock, os.O_RDONLY)
+    fcntl.flock(stray, fcntl.LOCK_SH)  # what a reader's check used to hold
+    fcntl.fcntl(stray, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_RDLCK, os.SEEK_SET, 0, 0, 0))
+    threading.Timer(0.3, os.close, (stray,)).start()  # a read lock is waited out, never taken for an owner
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            store.lock_held(lock)
+
+    readers = [threading.Thread(target=read) for _ in range(4)]
+    for thread in readers:
+        thread.start()
+    try:
+        for _ in range(200):
+            fd = store.take_liveness_lock(lock)
+            assert fd is not None
+            os.close(fd)
+    finally:
+        stop.set()
+        for thread in readers:
+            thread.join()
+
+
+def test_liveness_lock_refuses_a_link(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.touch()
+    (tmp_path / ".supervisor.lock").symlink_to(target)
+    with pytest.raises(PermissionDenied, match="symbolic link"):
+        store.take_liveness_lock(tmp_path / ".supervisor.lock")
+    with pytest.raises(PermissionDenied, match="symbolic link"):
+        store.lock_held(tmp_path / ".supervisor.lock")
 
 
 def test_marked_processes_finds_descendants_in_new_sessions() -> None:
