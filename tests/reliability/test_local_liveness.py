@@ -5,7 +5,8 @@ starting while one held it concluded that another owned the job and exited witho
 acquire nothing (``F_OFD_GETLK``) and a lost verdict needs the recorded supervisor pid and start time gone
 (core/local/store.py). Two tests: a forced interleaving (a reader holding every lock a liveness check could
 hold, across the supervisor's start) 100 of 100, and a stress run of ``["true"]`` jobs, each read by several
-readers at once, beside CPU hogs (``TRAINFLOW_LIVENESS_JOBS``, default 500).
+readers at once, beside CPU hogs (``TRAINFLOW_LIVENESS_JOBS``, default 500; marked ``stress``: minutes, so
+``make test-stress`` and the reliability lane run it, not ``make test-fast``).
 """
 
 from __future__ import annotations
@@ -147,6 +148,8 @@ def run_observed(home: Path, index: int) -> tuple[JobState, str]:
     return result.state, result.reason or ""
 
 
+@pytest.mark.stress
+@pytest.mark.timeout(1800)  # a hang detector: about 3.5 min at load 28 on 2 cores
 def test_no_true_job_ends_supervisor_lost_under_readers_and_load(tmp_path: Path, cpu_hogs: None) -> None:
     assert JOBS >= 1
     home = tmp_path / "home"

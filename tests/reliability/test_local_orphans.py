@@ -103,6 +103,30 @@ def test_ranks_stop_within_the_bound_of_a_sigkill_of_supervisor_and_guard_togeth
     print(f"6 rank processes stopped {took:.2f} s after the SIGKILL of the supervisor's process group")
 
 
+def test_a_killed_wrapper_fails_its_node_and_its_rank_tree_stops(
+    backend: LocalBackend, tmp_path: Path
+) -> None:
+    """The lifeline's wrapper itself SIGKILLed: the rank's first process dies with it (PR_SET_PDEATHSIG), the
+    rest of its tree is re-parented to the supervisor (a subreaper), which stops it with the failed node."""
+    out = tmp_path / "trees"
+    out.mkdir()
+    ref = backend.submit({"name": "wrapper", "command": ["python3", "-c", TREE, str(out)]})
+    job = backend.job_dir(ref)
+    end = time.monotonic() + 60
+    while not (trees := list(out.glob("*.pids"))):
+        assert time.monotonic() < end, "the rank never started its tree"
+        time.sleep(0.02)
+    pids = [int(pid) for pid in trees[0].read_text().split()]
+    wrapper = json.loads(wait_file(job / store.NODES_FILE))[0]["pid"]
+    assert wrapper not in pids and all(store.pid_alive(p) for p in pids)
+    os.kill(wrapper, signal.SIGKILL)
+    took = seconds_until_gone(pids, LIFELINE_BOUND_SECONDS)
+    result = backend.wait(ref, timeout=60, raise_on_failure=False)
+    assert result.state is JobState.FAILED and result.reason == "NodeFailed", result
+    assert "SIGKILL" in (result.message or ""), result
+    print(f"the rank tree stopped {took:.2f} s after its wrapper's SIGKILL")
+
+
 # The rank starts a grandchild in a new session with an empty environment (no job marker), writes its pid,
 # then exits at once (completion) or keeps running (cancel).
 ESCAPE = (

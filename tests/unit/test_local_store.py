@@ -16,7 +16,7 @@ import pytest
 
 from trainflow.core import JobState, result_from_trainjob
 from trainflow.core.errors import PermissionDenied
-from trainflow.core.local import store
+from trainflow.core.local import liveness, store
 
 
 def test_write_json_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
@@ -53,37 +53,37 @@ def test_conditions_upsert_by_type_and_keep_transition_time() -> None:
 
 def test_lock_held_sees_another_process_and_its_death(tmp_path: Path) -> None:
     lock = tmp_path / ".supervisor.lock"
-    assert store.lock_held(lock) is False  # no file yet
+    assert liveness.lock_held(lock) is False  # no file yet
     code = (
-        "import sys, time\nfrom pathlib import Path\nfrom trainflow.core.local import store\n"
-        "assert store.take_liveness_lock(Path(sys.argv[1])) is not None\n"
+        "import sys, time\nfrom pathlib import Path\nfrom trainflow.core.local import liveness\n"
+        "assert liveness.take_lock(Path(sys.argv[1])) is not None\n"
         "print('locked', flush=True)\ntime.sleep(60)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(lock)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
-        assert store.lock_held(lock) is True
-        assert store.take_liveness_lock(lock) is None  # a second owner gives up
+        assert liveness.lock_held(lock) is True
+        assert liveness.take_lock(lock) is None  # a second owner gives up
         start = store.proc_start_time(proc.pid)
         assert start is not None and store.pid_alive(proc.pid, start)
         assert not store.pid_alive(proc.pid, start + 1)  # pid reuse guard
     finally:
         proc.kill()
         proc.wait()
-    assert store.lock_held(lock) is False
+    assert liveness.lock_held(lock) is False
     assert not store.pid_alive(proc.pid)
 
 
 def test_lock_is_per_open_file_so_a_holder_in_this_process_counts(tmp_path: Path) -> None:
     lock = tmp_path / "l"
-    fd = store.take_liveness_lock(lock)
+    fd = liveness.take_lock(lock)
     assert fd is not None
     try:
-        assert store.lock_held(lock) is True
+        assert liveness.lock_held(lock) is True
         assert stat.S_IMODE(os.stat(lock).st_mode) == 0o600
     finally:
         os.close(fd)
-    assert store.lock_held(lock) is False
+    assert liveness.lock_held(lock) is False
 
 
 def test_readers_never_disturb_the_owner_of_the_liveness_lock(tmp_path: Path) -> None:
@@ -99,14 +99,14 @@ def test_readers_never_disturb_the_owner_of_the_liveness_lock(tmp_path: Path) ->
 
     def read() -> None:
         while not stop.is_set():
-            store.lock_held(lock)
+            liveness.lock_held(lock)
 
     readers = [threading.Thread(target=read) for _ in range(4)]
     for thread in readers:
         thread.start()
     try:
         for _ in range(200):
-            fd = store.take_liveness_lock(lock)
+            fd = liveness.take_lock(lock)
             assert fd is not None
             os.close(fd)
     finally:
@@ -120,9 +120,9 @@ def test_liveness_lock_refuses_a_link(tmp_path: Path) -> None:
     target.touch()
     (tmp_path / ".supervisor.lock").symlink_to(target)
     with pytest.raises(PermissionDenied, match="symbolic link"):
-        store.take_liveness_lock(tmp_path / ".supervisor.lock")
+        liveness.take_lock(tmp_path / ".supervisor.lock")
     with pytest.raises(PermissionDenied, match="symbolic link"):
-        store.lock_held(tmp_path / ".supervisor.lock")
+        liveness.lock_held(tmp_path / ".supervisor.lock")
 
 
 def test_marked_processes_finds_descendants_in_new_sessions() -> None:

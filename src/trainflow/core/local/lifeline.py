@@ -56,6 +56,30 @@ def command(argv: list[str], lifeline_fd: int, report_fd: int) -> list[str]:
     return [sys.executable, "-I", "-c", code, str(lifeline_fd), str(report_fd), *argv]
 
 
+def start(
+    argv: list[str], lifeline_fd: int, *, env: dict[str, str], cwd: str | None
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start a node: its wrapper, leading a new session, output on a pipe; and the fd ``start_error`` reads."""
+    report, report_w = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            command(argv, lifeline_fd, report_w),
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=(lifeline_fd, report_w),
+        )
+    except BaseException:
+        os.close(report)
+        raise
+    finally:
+        os.close(report_w)
+    return proc, report
+
+
 def start_error(report_fd: int) -> str | None:
     """The supervisor's side: wait for the wrapper to start its rank; the reason it could not, or None.
 

@@ -1,7 +1,7 @@
 """The detached per-job supervisor: ``python -m trainflow.core.local.supervisor <jobdir>``.
 
 It holds the liveness lock on ``.supervisor.lock`` for its whole life (so any process can tell it is alive,
-even after pid reuse, without disturbing it: ``store.take_liveness_lock``), launches one process per local
+even after pid reuse, without disturbing it: ``liveness.take_lock``), launches one process per local
 node in its own session under a lifeline wrapper (``lifeline``), writes the TrainJob status in the Trainer's
 shape, enforces the deadline, suspend/resume and fail-fast, and on exit leaves no process of the job behind.
 Secret values are read from ``<home>/secrets`` into the children's env only.
@@ -21,7 +21,7 @@ from types import FrameType
 from typing import Any
 
 from trainflow.core.errors import CorruptState, PermissionDenied
-from trainflow.core.local import cleanup, lifeline, policies, reaper, store
+from trainflow.core.local import cleanup, lifeline, liveness, policies, reaper, store
 from trainflow.core.local.nodes import Node, jobs_status
 from trainflow.core.reporting import STAGING_ENV
 from trainflow.core.storage import is_object_uri
@@ -169,24 +169,13 @@ class Supervisor:
                 name = f"node-{index}" if step == "node" else step
                 env = self.child_env(index, port)
                 log = open(self.job.log(name), "ab", buffering=0)  # noqa: SIM115 - closed by the node's copier
-                report, report_w = os.pipe()
                 try:
-                    proc = subprocess.Popen(
-                        lifeline.command(self.plan["argv"], self.lifeline, report_w),
-                        env=env,
-                        cwd=self.plan.get("cwd") or None,
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                        pass_fds=(self.lifeline, report_w),
+                    proc, report = lifeline.start(
+                        self.plan["argv"], self.lifeline, env=env, cwd=self.plan.get("cwd") or None
                     )
                 except OSError as exc:
                     log.close()
-                    os.close(report)
                     raise self._start_error(index, exc.strerror or str(exc)) from exc
-                finally:
-                    os.close(report_w)
                 reports.append(report)
                 self.nodes.append(
                     Node(index, step, proc, log, int(self.plan.get("log_max_bytes") or 1 << 30))
@@ -345,7 +334,7 @@ class Supervisor:
                     store.write_json(self.job.trainjob, obj)
 
     def run(self) -> int:
-        if store.take_liveness_lock(self.job.supervisor_lock) is None:  # held (never closed) until exit
+        if liveness.take_lock(self.job.supervisor_lock) is None:  # held (never closed) until exit
             owner = store.read_aux(self.job.supervisor) or {}
             self.log(f"another supervisor (pid {owner.get('pid', '?')}) owns this job; exiting")
             return 0
