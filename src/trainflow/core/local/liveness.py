@@ -41,7 +41,8 @@ def take_lock(path: Path) -> int | None:
     A conflicting *read* lock is nobody's ownership (a stray reader): the owner waits it out rather than give up.
     """
     fd = trust.open_state(path, os.O_RDWR | os.O_CREAT)
-    assert fd is not None
+    if fd is None:  # the job directory is gone
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
     deadline = time.monotonic() + OWN_WAIT_SECONDS
     while True:
         try:

@@ -335,8 +335,9 @@ class Supervisor:
 
     def run(self) -> int:
         if liveness.take_lock(self.job.supervisor_lock) is None:  # held (never closed) until exit
-            owner = store.read_aux(self.job.supervisor) or {}
-            self.log(f"another supervisor (pid {owner.get('pid', '?')}) owns this job; exiting")
+            owner = store.read_aux(self.job.supervisor)
+            pid = owner.get("pid", "?") if isinstance(owner, dict) else "?"
+            self.log(f"another supervisor (pid {pid}) owns this job; exiting")
             return 0
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
