@@ -81,7 +81,8 @@ def test_lock_is_per_open_file_so_a_holder_in_this_process_counts(tmp_path: Path
     try:
         assert liveness.lock_held(lock) is True
         assert stat.S_IMODE(os.stat(lock).st_mode) == 0o600
-        earlier = os.open(lock, os.O_RDONLY)  # a reader of an earlier version tests the flock: it sees the owner
+        # a reader of an earlier version tests the flock: it sees the owner
+        earlier = os.open(lock, os.O_RDONLY)
         try:
             with pytest.raises(BlockingIOError):
                 fcntl.flock(earlier, fcntl.LOCK_SH | fcntl.LOCK_NB)
