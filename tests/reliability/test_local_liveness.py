@@ -88,6 +88,7 @@ def run_interleaved(home: Path, index: int) -> tuple[JobState, str]:
     return result.state, result.reason or ""
 
 
+@pytest.mark.timeout(900)  # a hang detector: 20-35 s at load 10-20 on 2 cores
 def test_a_reader_holding_the_liveness_check_across_spawn_never_makes_the_job_lost(tmp_path: Path) -> None:
     home = tmp_path / "home"
     start = time.monotonic()
