@@ -6,7 +6,7 @@ VENV := .venv
 RUN := $(UV) run --frozen --extra dev --no-sync
 PYTEST_FLAGS ?= -q
 
-.PHONY: setup setup-bench demo test test-under-load test-serial test-fast test-fast-airflow test-fast-rest reliability-long lint typecheck fmt components check-components e2e e2e-reliability bench bench-full clean \
+.PHONY: setup setup-bench demo test test-under-load test-serial test-fast test-stress test-fast-airflow test-fast-rest reliability-long lint typecheck fmt components check-components e2e e2e-reliability bench bench-full clean \
 	dist test-dist image-tools images image-archive test-images e2e-pods pods-images e2e-airflow test-airflow-floor \
 	provider-reference
 
@@ -50,18 +50,25 @@ check-components: setup
 	@tmp=$$(mktemp -d); $(RUN) python components/kfp/generate.py --out $$tmp >/dev/null && \
 	  diff -ru components/yaml $$tmp || { echo "components/yaml is stale: run 'make components'"; exit 1; }
 
+# test-fast: everything but the suites with their own targets (the stress runs: make test-stress).
+FAST_MARKERS := not e2e and not dist and not images and not stress
 test-fast: setup
-	$(RUN) pytest -m "not e2e and not dist and not images" $(PYTEST_FLAGS)
+	$(RUN) pytest -m "$(FAST_MARKERS)" $(PYTEST_FLAGS)
 
 # test-fast in two halves for make test's lanes: the Airflow-heavy modules (each test starts Airflow processes)
 # and the rest.
 AIRFLOW_FAST := tests/airflow tests/reliability/test_airflow_bad_input.py tests/reliability/test_crash_phases.py \
 	tests/reliability/test_cancellation.py
 test-fast-airflow: setup
-	$(RUN) pytest -m "not e2e and not dist and not images" $(AIRFLOW_FAST) $(PYTEST_FLAGS)
+	$(RUN) pytest -m "$(FAST_MARKERS)" $(AIRFLOW_FAST) $(PYTEST_FLAGS)
 
 test-fast-rest: setup
-	$(RUN) pytest -m "not e2e and not dist and not images" $(foreach p,$(AIRFLOW_FAST),--ignore=$(p)) $(PYTEST_FLAGS)
+	$(RUN) pytest -m "$(FAST_MARKERS)" $(foreach p,$(AIRFLOW_FAST),--ignore=$(p)) $(PYTEST_FLAGS)
+
+# The local engine's stress runs (tests/reliability/test_local_liveness.py: 500 jobs, readers, CPU hogs; about
+# 3.5 min at load 28). No cluster; make e2e-reliability runs them too.
+test-stress: setup
+	$(RUN) pytest -m stress tests/reliability $(PYTEST_FLAGS)
 
 # Wheel + sdist (LICENSE and NOTICE inside), then the built wheel in fresh venvs: Airflow floor and newest
 # (offline stand-in constraints in tests/dist/constraints), the kfp extra, the core alone.
@@ -113,6 +120,7 @@ RELIABILITY_TESTBED := TRAINFLOW_TESTBED_DIR=$${TRAINFLOW_RELIABILITY_TESTBED_DI
 e2e-reliability: setup
 	@set -e; export $(RELIABILITY_TESTBED); trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh; rc=0; \
 	  $(RUN) pytest -m e2e tests/reliability $(PYTEST_FLAGS) || rc=1; \
+	  $(RUN) pytest -m stress tests/reliability $(PYTEST_FLAGS) || rc=1; \
 	  $(MAKE) --no-print-directory setup-bench; \
 	  $(RUN) --extra bench pytest -m e2e tests/differential $(PYTEST_FLAGS) || rc=1; \
 	  exit $$rc

@@ -1,13 +1,16 @@
 """Local engine with real torch distributed (gloo, CPU) under unmodified torchrun commands.
 
 2 nodes x 2 processes all-reduce read from another process; a failing rank; cancel of torchrun jobs,
-whose workers run in their own sessions (so killing process groups alone would leave orphans).
+whose workers run in their own sessions (so killing process groups alone would leave orphans), and a SIGKILL
+of the supervisor's process group (supervisor and guard) that leaves none either.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -176,3 +179,45 @@ def test_function_trainer_runs_under_torchrun(backend: LocalBackend) -> None:
     assert result.state is JobState.COMPLETE and result.metrics == {"x": 5.0}
     out = Path((result.output_uri or "").removeprefix("file://"))
     assert json.loads((out / "fn.json").read_text()) == {"x": 5, "world": "1"}
+
+
+@pytest.mark.timeout(360)
+def test_a_group_sigkill_of_supervisor_and_guard_leaves_no_torchrun_rank_behind(
+    backend: LocalBackend,
+) -> None:
+    """Issue 33: ``kill -KILL -<pgid>`` of the supervisor and its guard; each node's lifeline wrapper stops its
+    torchrun agent and the workers it started in their own sessions, with no engine call (bound: 5 s,
+    docs/reliability.md 33.2)."""
+    ref = backend.submit(
+        {
+            "name": "groupkill",
+            "command": ["torchrun", str(SCRIPTS / "sleepy_rank.py"), "120"],
+            "num_nodes": 2,
+            "proc_per_node": 2,
+        }
+    )
+    job = backend.job_dir(ref)
+    uid = json.loads((job / "trainjob.json").read_text())["metadata"]["uid"]
+    deadline = time.monotonic() + 300  # torch imports in 2 agents: minutes on a loaded 2-core CI
+    pids: list[int] = []
+    while time.monotonic() < deadline:  # 2 wrappers + 2 torchrun agents + 4 ranks
+        pids = store.marked_processes(uid)
+        text = "\n".join(line for step in ("node-0", "node-1") for line in backend.logs(ref, step=step))
+        ready = len(READY.findall(text))
+        if ready == 4 and len(pids) >= 8:
+            break
+        time.sleep(0.2)
+    assert ready == 4 and len(pids) >= 8, (ready, pids)
+    guard = json.loads((job / store.SPAWN_FILE).read_text())["pid"]
+    group = os.getpgid(guard)
+    assert all(os.getpgid(p) != group for p in pids)
+    os.killpg(group, signal.SIGKILL)
+    start = time.monotonic()
+    while time.monotonic() - start < 5.0 and any(store.pid_alive(p) for p in pids):
+        time.sleep(0.02)
+    took, left = time.monotonic() - start, [p for p in pids if store.pid_alive(p)]
+    store.kill_marked(uid)  # never leave them behind, even when the test fails
+    assert left == [], f"still running 5 s after the group SIGKILL: {left}"
+    print(f"{len(pids)} processes of 2 torchrun nodes stopped {took:.2f} s after the group SIGKILL")
+    result = backend.get(ref)
+    assert result.state is JobState.FAILED and result.reason == "SupervisorLost", result

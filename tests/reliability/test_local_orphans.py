@@ -1,7 +1,9 @@
-"""Issue 12, points 2 and 3: no process of a local job outlives it. After a SIGKILL of the supervisor its
+"""Issues 12 (points 2 and 3) and 33: no process of a local job outlives it. After a SIGKILL of the supervisor its
 ranks stop within 5 s with nobody reading the job (the guard process, a child subreaper, stops them), and the
 next read marks the job Failed; a rank's grandchild that starts a new session with an empty environment is
-stopped on completion and on cancel (the supervisor is a child subreaper too: see core/local/reaper.py)."""
+stopped on completion and on cancel (the supervisor is a child subreaper too: see core/local/reaper.py); a
+SIGKILL of the supervisor's whole process group (supervisor and guard) stops every rank within a stated bound
+with nobody reading (each node's wrapper holds a lifeline: core/local/lifeline.py)."""
 
 from __future__ import annotations
 
@@ -57,6 +59,72 @@ def test_ranks_stop_within_5s_of_a_supervisor_sigkill_with_nobody_reading(backen
     result = backend.get(ref)
     assert result.state is JobState.FAILED and result.reason == "SupervisorLost", result
     print(f"ranks stopped {took:.2f} s after the supervisor's SIGKILL")
+
+
+# Each rank is a tree: a child in its group, and a child in a new session with an empty environment (no job
+# marker) that ignores SIGTERM (once it says so); it writes the three pids, then waits.
+TREE = (
+    "import os, subprocess, sys, time; "
+    "a = subprocess.Popen(['/bin/sleep', '60']); "
+    "b = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)'], env={}, "
+    "start_new_session=True, stdout=subprocess.PIPE); b.stdout.readline(); "
+    "out = os.path.join(sys.argv[1], str(os.getpid())); "
+    "open(out + '.tmp', 'w').write(f'{os.getpid()} {a.pid} {b.pid}'); os.rename(out + '.tmp', out + '.pids'); "
+    "time.sleep(60)"
+)
+LIFELINE_BOUND_SECONDS = 5.0  # docs/reliability.md, issue 33: SIGTERM at once, SIGKILL 1 s later, with margin
+
+
+def test_ranks_stop_within_the_bound_of_a_sigkill_of_supervisor_and_guard_together(
+    backend: LocalBackend, tmp_path: Path
+) -> None:
+    """``kill -KILL -<pgid>`` of the supervisor and its guard (a container runtime's, systemd's or a shell's
+    stop): each node's wrapper reads its lifeline's end-of-file and stops its rank tree, no engine call."""
+    out = tmp_path / "trees"
+    out.mkdir()
+    ref = backend.submit({"name": "group", "command": ["python3", "-c", TREE, str(out)], "num_nodes": 2})
+    job = backend.job_dir(ref)
+    end = time.monotonic() + 60
+    while len(trees := list(out.glob("*.pids"))) < 2:
+        assert time.monotonic() < end, "the ranks never started their trees"
+        time.sleep(0.02)
+    pids = [int(pid) for tree in trees for pid in tree.read_text().split()]
+    assert len(pids) == 6 and all(store.pid_alive(p) for p in pids)
+    guard = json.loads(wait_file(job / store.SPAWN_FILE))["pid"]
+    supervisor = json.loads(wait_file(job / store.SUPERVISOR_FILE))["pid"]
+    group = os.getpgid(guard)
+    assert os.getpgid(supervisor) == group and all(os.getpgid(p) != group for p in pids)
+    os.killpg(group, signal.SIGKILL)
+    took = seconds_until_gone(pids, LIFELINE_BOUND_SECONDS)  # no get/wait/list in between
+    assert not store.pid_alive(supervisor) and not store.pid_alive(guard)
+    result = backend.get(ref)
+    assert result.state is JobState.FAILED and result.reason == "SupervisorLost", result
+    print(f"6 rank processes stopped {took:.2f} s after the SIGKILL of the supervisor's process group")
+
+
+def test_a_killed_wrapper_fails_its_node_and_its_rank_tree_stops(
+    backend: LocalBackend, tmp_path: Path
+) -> None:
+    """The lifeline's wrapper itself SIGKILLed: the rank's first process dies with it (PR_SET_PDEATHSIG), the
+    rest of its tree is re-parented to the supervisor (a subreaper), which stops it with the failed node."""
+    out = tmp_path / "trees"
+    out.mkdir()
+    ref = backend.submit({"name": "wrapper", "command": ["python3", "-c", TREE, str(out)]})
+    job = backend.job_dir(ref)
+    end = time.monotonic() + 60
+    while not (trees := list(out.glob("*.pids"))):
+        assert time.monotonic() < end, "the rank never started its tree"
+        time.sleep(0.02)
+    pids = [int(pid) for pid in trees[0].read_text().split()]
+    wrapper = json.loads(wait_file(job / store.NODES_FILE))[0]["pid"]
+    assert wrapper not in pids and all(store.pid_alive(p) for p in pids)
+    os.kill(wrapper, signal.SIGKILL)
+    took = seconds_until_gone(pids, LIFELINE_BOUND_SECONDS)
+    result = backend.wait(ref, timeout=60, raise_on_failure=False)
+    assert result.state is JobState.FAILED and result.reason == "NodeFailed", result
+    assert "SIGKILL" in (result.message or ""), result
+    print(f"the rank tree stopped {took:.2f} s after its wrapper's SIGKILL")
 
 
 # The rank starts a grandchild in a new session with an empty environment (no job marker), writes its pid,

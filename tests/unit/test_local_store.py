@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
+import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from trainflow.core import JobState, result_from_trainjob
-from trainflow.core.local import store
+from trainflow.core.errors import PermissionDenied
+from trainflow.core.local import liveness, store
 
 
 def test_write_json_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
@@ -49,35 +53,83 @@ def test_conditions_upsert_by_type_and_keep_transition_time() -> None:
 
 def test_lock_held_sees_another_process_and_its_death(tmp_path: Path) -> None:
     lock = tmp_path / ".supervisor.lock"
-    assert store.lock_held(lock) is False  # no file yet
+    assert liveness.lock_held(lock) is False  # no file yet
     code = (
-        "import fcntl, os, sys, time\n"
-        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
-        "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(60)\n"
+        "import sys, time\nfrom pathlib import Path\nfrom trainflow.core.local import liveness\n"
+        "assert liveness.take_lock(Path(sys.argv[1])) is not None\n"
+        "print('locked', flush=True)\ntime.sleep(60)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(lock)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
-        assert store.lock_held(lock) is True
+        assert liveness.lock_held(lock) is True
+        assert liveness.take_lock(lock) is None  # a second owner gives up
         start = store.proc_start_time(proc.pid)
         assert start is not None and store.pid_alive(proc.pid, start)
         assert not store.pid_alive(proc.pid, start + 1)  # pid reuse guard
     finally:
         proc.kill()
         proc.wait()
-    assert store.lock_held(lock) is False
+    assert liveness.lock_held(lock) is False
     assert not store.pid_alive(proc.pid)
 
 
 def test_lock_is_per_open_file_so_a_holder_in_this_process_counts(tmp_path: Path) -> None:
     lock = tmp_path / "l"
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fd = liveness.take_lock(lock)
+    assert fd is not None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        assert store.lock_held(lock) is True
+        assert liveness.lock_held(lock) is True
+        assert stat.S_IMODE(os.stat(lock).st_mode) == 0o600
+        # a reader of an earlier version tests the flock: it sees the owner
+        earlier = os.open(lock, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(earlier, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        finally:
+            os.close(earlier)
     finally:
         os.close(fd)
-    assert store.lock_held(lock) is False
+    assert liveness.lock_held(lock) is False
+
+
+def test_readers_never_disturb_the_owner_of_the_liveness_lock(tmp_path: Path) -> None:
+    """A reader's check acquires nothing: with readers checking in a loop, and with a stray reader holding the
+    file's shared flock and a read lock, the owner still takes the lock (issue 33)."""
+    lock = tmp_path / ".supervisor.lock"
+    lock.touch(mode=0o600)
+    stray = os.open(lock, os.O_RDONLY)
+    fcntl.flock(stray, fcntl.LOCK_SH)  # what a reader's check used to hold
+    fcntl.fcntl(stray, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_RDLCK, os.SEEK_SET, 0, 0, 0))
+    threading.Timer(0.3, os.close, (stray,)).start()  # a read lock is waited out, never taken for an owner
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            liveness.lock_held(lock)
+
+    readers = [threading.Thread(target=read) for _ in range(4)]
+    for thread in readers:
+        thread.start()
+    try:
+        for _ in range(200):
+            fd = liveness.take_lock(lock)
+            assert fd is not None
+            os.close(fd)
+    finally:
+        stop.set()
+        for thread in readers:
+            thread.join()
+
+
+def test_liveness_lock_refuses_a_link(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.touch()
+    (tmp_path / ".supervisor.lock").symlink_to(target)
+    with pytest.raises(PermissionDenied, match="symbolic link"):
+        liveness.take_lock(tmp_path / ".supervisor.lock")
+    with pytest.raises(PermissionDenied, match="symbolic link"):
+        liveness.lock_held(tmp_path / ".supervisor.lock")
 
 
 def test_marked_processes_finds_descendants_in_new_sessions() -> None:

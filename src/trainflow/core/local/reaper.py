@@ -5,7 +5,9 @@ child subreapers (Linux ``PR_SET_CHILD_SUBREAPER``): a process whose parent exit
 nearest living subreaper ancestor instead of init, so a rank's grandchild that starts a new session with an
 empty environment stays a descendant. The supervisor stops all its descendants before it records the end of
 the job (completion, failure, deadline, cancel, suspend). If the supervisor is SIGKILLed, its nodes become the
-guard's children and the guard stops them at once, with nobody calling ``get``.
+guard's children and the guard stops them at once, with nobody calling ``get``. If both are killed together
+(a signal to their process group), each node's wrapper sees its lifeline break and stops its rank tree
+(core/local/lifeline.py).
 
 Chosen over ``PR_SET_PDEATHSIG`` (reaches direct children only, and fires when the parent *thread* exits) and
 cgroups (they need a delegated hierarchy that an ordinary user does not have). Without ``prctl`` (macOS) there
@@ -109,16 +111,21 @@ def stop_descendants(grace: float) -> int:
     return len(first)
 
 
-def guard(run: Callable[[], int]) -> int:
-    """Run ``run`` (the supervisor) in a forked child; afterwards stop whatever it left behind."""
+def guard(run: Callable[[int], int]) -> int:
+    """Run ``run`` (the supervisor) in a forked child; afterwards stop whatever it left behind.
+
+    ``run`` gets the read end of the lifeline (core/local/lifeline.py), a pipe whose write end only the guard
+    and the supervisor hold: it reaches end-of-file when both are gone, however they die.
+    """
+    lifeline, holder = os.pipe()  # close-on-exec: no process but these two ever holds the write end
     if not make_subreaper():
-        return run()
+        return run(lifeline)
     pid = os.fork()
     if pid == 0:  # the supervisor
         code = 1
         try:
             make_subreaper()  # not inherited across fork
-            code = run()
+            code = run(lifeline)
         except BaseException:
             traceback.print_exc()
         finally:
@@ -126,6 +133,8 @@ def guard(run: Callable[[], int]) -> int:
                 sys.stdout.flush()
                 sys.stderr.flush()
             os._exit(code)
+
+    os.close(lifeline)  # the guard holds the write end only
 
     def forward(signum: int, frame: FrameType | None) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -137,4 +146,5 @@ def guard(run: Callable[[], int]) -> int:
     left = stop_descendants(GUARD_GRACE_SECONDS)
     if left:
         print(f"guard: the supervisor ended ({status:#x}); stopped {left} process(es) it left", flush=True)
+    os.close(holder)
     return max(os.waitstatus_to_exitcode(status), 0)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trainflow.core.errors import CorruptState
-from trainflow.core.local import reaper, trust
+from trainflow.core.local import liveness, reaper, trust
 
 TRAINJOB_FILE = "trainjob.json"
 PLAN_FILE = "plan.json"
@@ -125,21 +125,6 @@ def locked(path: Path, *, shared: bool = False) -> Iterator[None]:
         os.close(fd)
 
 
-def lock_held(path: Path) -> bool:
-    """True when another process holds an exclusive flock on ``path`` (the supervisor's liveness lock)."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
 class JobDir:
     """Paths and state operations of one local job directory."""
 
@@ -217,7 +202,16 @@ class JobDir:
         return data if isinstance(data, dict) else {}
 
     def supervisor_alive(self) -> bool:
-        return lock_held(self.supervisor_lock)
+        """The supervisor holds its liveness lock, or the pid and start time it recorded are a live process.
+
+        So False, the lost verdict, needs evidence that it is gone, never a lock state alone (a supervisor
+        between writing ``supervisor.json`` and exiting, or a lock its exiting threads still hold).
+        """
+        if liveness.lock_held(self.supervisor_lock):
+            return True
+        sup = read_aux(self.supervisor)
+        pid = sup.get("pid") if isinstance(sup, dict) else None
+        return isinstance(pid, int) and pid > 0 and pid_alive(pid, sup.get("start_time"))
 
 
 def set_condition(status: dict[str, Any], kind: str, value: bool, reason: str, message: str) -> None:

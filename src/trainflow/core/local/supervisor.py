@@ -1,16 +1,16 @@
 """The detached per-job supervisor: ``python -m trainflow.core.local.supervisor <jobdir>``.
 
-It holds ``.supervisor.lock`` for its whole life (so any process can tell it is alive, even after pid
-reuse), launches one process per local node in its own session, writes the TrainJob status in the
-Trainer's shape, enforces the deadline, suspend/resume and fail-fast, and on exit leaves no process of
-the job behind. Secret values are read from ``<home>/secrets`` into the children's env only.
+It holds the liveness lock on ``.supervisor.lock`` for its whole life (so any process can tell it is alive,
+even after pid reuse, without disturbing it: ``liveness.take_lock``), launches one process per local
+node in its own session under a lifeline wrapper (``lifeline``), writes the TrainJob status in the Trainer's
+shape, enforces the deadline, suspend/resume and fail-fast, and on exit leaves no process of the job behind.
+Secret values are read from ``<home>/secrets`` into the children's env only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import signal
 import subprocess
@@ -21,7 +21,7 @@ from types import FrameType
 from typing import Any
 
 from trainflow.core.errors import CorruptState, PermissionDenied
-from trainflow.core.local import cleanup, policies, reaper, store
+from trainflow.core.local import cleanup, lifeline, liveness, policies, reaper, store
 from trainflow.core.local.nodes import Node, jobs_status
 from trainflow.core.reporting import STAGING_ENV
 from trainflow.core.storage import is_object_uri
@@ -49,8 +49,9 @@ class SecretMissing(StartError):
 
 
 class Supervisor:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, lifeline_fd: int) -> None:
         self.job = store.JobDir(root)
+        self.lifeline = lifeline_fd  # passed to every node's wrapper (core/local/lifeline.py)
         self.broken = ""  # a damaged plan.json or trainjob.json: the job is marked Failed, nothing runs
         try:
             self.plan: dict[str, Any] = store.read_json(self.job.plan) or {}
@@ -162,29 +163,39 @@ class Supervisor:
         port = policies.free_port()
         step = str(self.plan.get("step", "node"))
         self.nodes = []
-        for index in range(int(self.plan.get("launched_nodes", 1))):
-            name = f"node-{index}" if step == "node" else step
-            env = self.child_env(index, port)
-            log = open(self.job.log(name), "ab", buffering=0)  # noqa: SIM115 - closed by the node's copier
-            try:
-                proc = subprocess.Popen(
-                    self.plan["argv"],
-                    env=env,
-                    cwd=self.plan.get("cwd") or None,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
+        reports: list[int] = []  # each wrapper tells whether its rank started (all start side by side)
+        try:
+            for index in range(int(self.plan.get("launched_nodes", 1))):
+                name = f"node-{index}" if step == "node" else step
+                env = self.child_env(index, port)
+                log = open(self.job.log(name), "ab", buffering=0)  # noqa: SIM115 - closed by the node's copier
+                try:
+                    proc, report = lifeline.start(
+                        self.plan["argv"], self.lifeline, env=env, cwd=self.plan.get("cwd") or None
+                    )
+                except OSError as exc:
+                    log.close()
+                    raise self._start_error(index, exc.strerror or str(exc)) from exc
+                reports.append(report)
+                self.nodes.append(
+                    Node(index, step, proc, log, int(self.plan.get("log_max_bytes") or 1 << 30))
                 )
-            except OSError as exc:
-                log.close()
-                raise StartError(
-                    f"cannot start node {index} ({self.plan['argv'][0]!r}): {exc.strerror or exc}; "
-                    "is it installed here and on PATH (this Python's bin directory is searched first)?"
-                ) from exc
-            self.nodes.append(Node(index, step, proc, log, int(self.plan.get("log_max_bytes") or 1 << 30)))
+            for index, report in enumerate(reports):
+                reports[index] = -1
+                if error := lifeline.start_error(report):
+                    raise self._start_error(index, error)
+        finally:
+            for report in reports:
+                if report >= 0:
+                    os.close(report)
         self.write_nodes()
         self.log(f"launched {len(self.nodes)} node(s) {[n.proc.pid for n in self.nodes]} port={port}")
+
+    def _start_error(self, index: int, error: str) -> StartError:
+        return StartError(
+            f"cannot start node {index} ({self.plan['argv'][0]!r}): {error}; "
+            "is it installed here and on PATH (this Python's bin directory is searched first)?"
+        )
 
     def stop_nodes(self, grace: float = STOP_GRACE_SECONDS) -> None:
         """SIGTERM every node's process group, SIGKILL after ``grace``, then sweep the job's marked processes."""
@@ -323,11 +334,11 @@ class Supervisor:
                     store.write_json(self.job.trainjob, obj)
 
     def run(self) -> int:
-        fd = os.open(self.job.supervisor_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return 0  # another supervisor owns this job
+        if liveness.take_lock(self.job.supervisor_lock) is None:  # held (never closed) until exit
+            owner = store.read_aux(self.job.supervisor)
+            pid = owner.get("pid", "?") if isinstance(owner, dict) else "?"
+            self.log(f"another supervisor (pid {pid}) owns this job; exiting")
+            return 0
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
         cleanup.reserve(self.job.root)
@@ -372,12 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m trainflow.core.local.supervisor <jobdir>", file=sys.stderr)
         return 2
-    return reaper.guard(lambda: _run(Path(args[0])))
+    return reaper.guard(lambda lifeline_fd: _run(Path(args[0]), lifeline_fd))
 
 
-def _run(root: Path) -> int:
+def _run(root: Path, lifeline_fd: int) -> int:
     try:
-        return Supervisor(root).run()
+        return Supervisor(root, lifeline_fd).run()
     except PermissionDenied as exc:  # a planted or linked job directory: refuse it, run nothing
         print(f"{store.now_iso()} refused: {exc}", flush=True)
         return 2

@@ -82,16 +82,31 @@ def check_job(root: Path) -> bool:
     return True
 
 
-def read_json(path: Path) -> Any:
-    """The parsed file (never through a link, only this user's), or None when it does not exist."""
+def open_state(path: Path, flags: int = os.O_RDONLY, mode: int = 0o600) -> int | None:
+    """A file descriptor on a state file (never through a link, only this user's), None when it does not exist.
+
+    ``flags`` may add ``O_CREAT`` (then the file is made with ``mode``, private whatever the umask).
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             _refuse_foreign(path, os.lstat(path), "state file")
         raise
-    with open(fd, encoding="utf-8") as fh:
+    try:
         _refuse_foreign(path, os.fstat(fd), "state file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_json(path: Path) -> Any:
+    """The parsed file (never through a link, only this user's), or None when it does not exist."""
+    fd = open_state(path)
+    if fd is None:
+        return None
+    with open(fd, encoding="utf-8") as fh:
         return json.load(fh)
