@@ -40,7 +40,8 @@ if creds:  # the first credential until the test rotates, then the second (lasti
     cred = creds[1] if rotated else creds[0]
     lifetime = 3600 if rotated else spec.get("lifetime")
 else:  # a fresh token each run
-    cred, lifetime = f"{spec['prefix']}-{n}", spec.get("lifetime")
+    cred = f"{spec['prefix']}-{n}"
+    lifetime = spec.get("lifetime") if n == 1 else spec.get("later_lifetime", spec.get("lifetime"))
 status = {}
 if spec.get("certs"):
     status["clientCertificateData"] = open(cred[0]).read()
@@ -101,11 +102,13 @@ def exec_plugin(
     tokens: list[str] | None = None,
     certs: list[tuple[Path, Path]] | None = None,
     lifetime: float | None = None,
+    later_lifetime: float | None = None,
     api_version: str = EXEC_V1,
     sleep: float = 0.0,
 ) -> ExecPlugin:
     """Write a plugin returning ``prefix-<run>`` tokens, or the first then (after ``rotate``) the second of the
-    given tokens or key pairs."""
+    given tokens or key pairs. ``later_lifetime``: the lifetime of the prefix tokens after the first (default
+    ``lifetime``)."""
     assert prefix or len(tokens or certs or []) == 2, "a prefix, or two tokens or key pairs"
     folder.mkdir(parents=True, exist_ok=True)
     script, spec, runs = folder / "plugin.py", folder / "plugin.json", folder / "runs"
@@ -119,6 +122,7 @@ def exec_plugin(
                 "tokens": tokens,
                 "certs": [[str(c), str(k)] for c, k in certs or []],
                 "lifetime": lifetime,
+                **({"later_lifetime": later_lifetime} if later_lifetime is not None else {}),
                 "api_version": api_version,
                 "sleep": sleep,
             }

@@ -31,7 +31,10 @@ from trainflow.core.result import JobState
 pytestmark = pytest.mark.timeout(120)
 
 PREFIX = "canary-exec-3b9e41"
-LIFETIME = 4.0  # seconds: the plugin's expirationTimestamp (whole seconds, so 3-4 s in effect)
+LIFETIME = 4.0  # seconds: the first token's expirationTimestamp (whole seconds, so 3-4 s in effect)
+# the refreshed token's: it outlives the burst of requests at any load, so a second refresh in the burst can
+# only be a refresh that was not shared (with 4 s, a burst slowed past 4 s at load 17 rightly refreshed again)
+LATER_LIFETIME = 3600.0
 BOUND = 30.0
 CONCURRENT = 30
 
@@ -44,7 +47,8 @@ def fake():
 
 
 def plugin_backend(fake: FakeApiServer, tmp_path: Path, lifetime: float | None) -> tuple[Any, ExecPlugin]:
-    plugin = exec_plugin(tmp_path / "plugin", prefix=PREFIX, lifetime=lifetime)
+    later = LATER_LIFETIME if lifetime is not None else None
+    plugin = exec_plugin(tmp_path / "plugin", prefix=PREFIX, lifetime=lifetime, later_lifetime=later)
     config = write_kubeconfig(tmp_path / "kubeconfig", fake.url, {"exec": plugin.entry}, namespace="ns")
     return get_backend("kubernetes", kubeconfig=str(config), namespace="ns"), plugin
 
