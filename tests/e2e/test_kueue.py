@@ -25,6 +25,7 @@ import pytest
 from conftest import wait_until
 from kueue_env import (
     HELD,
+    KUEUE,
     KWOK_COMPLETE_DELAY,
     NO_QUOTA,
     admission_watch,
@@ -207,6 +208,15 @@ def _workload_of(api_client: Any, namespace: str, job: str) -> dict[str, Any] | 
     return None
 
 
+def activate(api_client: Any, namespace: str, workload: str, active: bool) -> None:
+    """Kueue's own switch: an inactive Workload is neither admitted nor preempts (``spec.active``)."""
+    from kubernetes import client
+
+    client.CustomObjectsApi(api_client).patch_namespaced_custom_object(
+        *KUEUE, namespace, "workloads", workload, {"spec": {"active": active}}
+    )
+
+
 def _condition_time(obj: dict[str, Any], kind: str, status: str = "True") -> datetime | None:
     for c in (obj.get("status") or {}).get("conditions") or []:
         if c.get("type") == kind and c.get("status") == status:
@@ -311,11 +321,15 @@ def test_a_job_preempted_right_after_admission_keeps_its_queue_budget(
         )
         wait_until(lambda: be.get("late").state is JobState.QUEUED, 300, "late queued")
         wait_until(lambda: not holds_quota(_workload_of(api, namespace, "late") or {}), 300, "quota released")
-        assert be.cancel(first)  # frees the quota: Kueue admits late again
-        # 2. preempted again right after that admission: the preemptor is created the moment Kueue admits it
-        wait_until(lambda: holds_quota(_workload_of(api, namespace, "late") or {}), 300, "re-admission", 0.05)
-        readmitted = time.time()
+        # 2. preempted again right after Kueue admits it once more, before its pods run: the preemptor waits
+        # behind the first, deactivated (Kueue's Workload spec.active), and is activated the moment late is admitted
         second = launch(be, urgent.model_copy(update={"name": "urgent-2"})).ref
+        preemptor = wait_until(lambda: _workload_of(api, namespace, "urgent-2"), 300, "the second Workload")
+        activate(api, namespace, preemptor["metadata"]["name"], False)
+        assert be.cancel(first)  # frees the quota: Kueue admits late again
+        wait_until(lambda: holds_quota(_workload_of(api, namespace, "late") or {}), 300, "re-admission", 0.02)
+        readmitted = time.time()
+        activate(api, namespace, preemptor["metadata"]["name"], True)
         wait_until(
             lambda: evictions(_workload_of(api, namespace, "late") or {}) == 2, 300, "second preemption"
         )
@@ -360,6 +374,10 @@ def test_a_job_preempted_right_after_admission_keeps_its_queue_budget(
         f"evicted again at {(evicted - created).total_seconds():.0f} s; {len(versions)} versions, "
         f"{len(window)} suspended without the Trainer's Suspended=True and without active pods"
     )
+    for v in versions:  # what the Trainer wrote, in order (printed with -s)
+        print(
+            f"  {v['at'] - created.timestamp():7.2f} s  suspend={v['suspend']!s:5}  {v['suspended']}  active={v['active']}"
+        )
 
 
 def test_queue_budget_fails_the_wait_naming_the_queue(testbed: Any, namespace: str, queue: str) -> None:
