@@ -337,22 +337,24 @@ def test_a_job_preempted_right_after_admission_keeps_its_queue_budget(
         assert evicted is not None and (evicted - created).total_seconds() > BUDGET  # older than its budget
         wait_until(lambda: be.get("late").state is JobState.QUEUED, 300, "late queued again")
         assert be.cancel(second)
-        # 3. admitted a third time: its pods finish 2 s after they start
+        # 3. admitted a third time: its pods finish 2 s after they start (each pod of late patched as it comes:
+        # one created by the second admission may still be on its way out)
         wait_until(lambda: be.get("late").state is JobState.RUNNING, 300, "late running again")
         from kubernetes import client
 
-        core = client.CoreV1Api(api)
-        for pod in core.list_namespaced_pod(
-            namespace, label_selector="jobset.sigs.k8s.io/jobset-name=late"
-        ).items:
-            core.patch_namespaced_pod(
-                pod.metadata.name, namespace, {"metadata": {"annotations": {KWOK_COMPLETE_DELAY: "2s"}}}
-            )
+        core, released = client.CoreV1Api(api), set[str]()
+        while step.poll() is None:
+            selector = "jobset.sigs.k8s.io/jobset-name=late"
+            for pod in core.list_namespaced_pod(namespace, label_selector=selector).items:
+                if pod.metadata.name not in released and not pod.metadata.deletion_timestamp:
+                    patch = {"metadata": {"annotations": {KWOK_COMPLETE_DELAY: "2s"}}}
+                    core.patch_namespaced_pod(pod.metadata.name, namespace, patch)
+                    released.add(pod.metadata.name)
+            time.sleep(1.0)
         out, _ = step.communicate(timeout=900)
         for t in waits:
             t.join(900)
-    assert step.returncode == 0 and "STEP-STATE Complete" in out, out[-3000:]
-    for name in ("sync", "async"):
+    for name in ("sync", "async"):  # first: the waiters' own verdicts say most
         result = ends.get(name)
         assert isinstance(result, TrainJobResult), (name, result)
         assert result.state is JobState.COMPLETE and result.preemptions == 2, (name, result)
@@ -360,24 +362,22 @@ def test_a_job_preempted_right_after_admission_keeps_its_queue_budget(
         assert any("Preempted to accommodate" in (u.message or "") for u in queued), (name, queued)
         assert not any(u.reason == QUEUE_BUDGET_EXPIRED for u in updates[name]), name
     assert "QueueBudgetExceeded" not in out and "within its queue budget" not in out, out[-3000:]
+    assert step.returncode == 0 and "STEP-STATE Complete" in out, out[-3000:]
     # the oracle: the job was never deleted, and what the real Trainer wrote
     assert not [v for v in versions if v["type"] in ("DELETED", "ERROR")], versions
     assert {v["uid"] for v in versions} == {be.get("late").uid}
     reasons = {v["suspended"] for v in versions if v["suspended"] != (None, None)}
     assert reasons <= {("True", "Suspended"), ("False", "Resumed")}, reasons
-    ran = next(
-        i for i, v in enumerate(versions) if not v["suspend"]
-    )  # before: created suspended, no word yet
+    ran = next(i for i, v in enumerate(versions) if not v["suspend"])  # before: created suspended
     window = [v for v in versions[ran:] if v["suspend"] and v["suspended"][0] != "True" and not v["active"]]
     print(
         f"late: created {created.isoformat()}, re-admitted {readmitted - created.timestamp():.1f} s later, "
         f"evicted again at {(evicted - created).total_seconds():.0f} s; {len(versions)} versions, "
         f"{len(window)} suspended without the Trainer's Suspended=True and without active pods"
     )
-    for v in versions:  # what the Trainer wrote, in order (printed with -s)
-        print(
-            f"  {v['at'] - created.timestamp():7.2f} s  suspend={v['suspend']!s:5}  {v['suspended']}  active={v['active']}"
-        )
+    for v in versions:  # what the Trainer wrote, in order (shown with -s)
+        at = v["at"] - created.timestamp()
+        print(f"  {at:7.2f} s  suspend={v['suspend']!s:5}  {v['suspended']}  active={v['active']}")
 
 
 def test_queue_budget_fails_the_wait_naming_the_queue(testbed: Any, namespace: str, queue: str) -> None:
