@@ -201,6 +201,16 @@ def _state(be: KubernetesBackend, name: str) -> JobState | None:
         return None
 
 
+def _resumed(api_client: Any, namespace: str, name: str) -> bool:
+    """Kueue admitted the job and the Trainer said so: ``spec.suspend`` clear, Suspended=False (Resumed)."""
+    from kubernetes import client
+
+    obj = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", name
+    )
+    return not obj["spec"].get("suspend") and _condition_time(obj, "Suspended", "False") is not None
+
+
 def _workload_of(api_client: Any, namespace: str, job: str) -> dict[str, Any] | None:
     for wl in workloads(api_client, namespace):
         if any(o.get("name") == job for o in wl["metadata"].get("ownerReferences") or []):
@@ -282,7 +292,10 @@ def test_a_job_preempted_right_after_admission_keeps_its_queue_budget(
     budget; a sync and an async wait) reports it Queued and preempted, then Complete: never
     QueueBudgetExceeded, and the job is never deleted. Each wait's budget counts from its preemption as the
     Trainer and Kueue time it (``kueue.queue_clock``), never from the job's creation."""
+    from kubernetes import client
+
     api = testbed.api_client
+    core = client.CoreV1Api(api)
     be = KubernetesBackend(kubeconfig=str(testbed.kubeconfig), namespace=namespace)
     urgent = request("urgent", 4, HELD, queue=queue, priority_class="trainflow-high")
     with versions_of(api, namespace, "late") as versions:
@@ -321,13 +334,19 @@ def test_a_job_preempted_right_after_admission_keeps_its_queue_budget(
         )
         wait_until(lambda: be.get("late").state is JobState.QUEUED, 300, "late queued")
         wait_until(lambda: not holds_quota(_workload_of(api, namespace, "late") or {}), 300, "quota released")
-        # 2. preempted again right after Kueue admits it once more, before its pods run: the preemptor waits
-        # behind the first, deactivated (Kueue's Workload spec.active), and is activated the moment late is admitted
+        # 2. preempted again right after Kueue admits it once more, before any pod of it exists: no pod may be
+        # created in the namespace meanwhile (a ResourceQuota of 0 pods), the preemptor waits behind the first,
+        # deactivated (Kueue's Workload spec.active), and is activated once the Trainer says late resumed
+        core.create_namespaced_resource_quota(
+            namespace, {"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}}
+        )
         second = launch(be, urgent.model_copy(update={"name": "urgent-2"})).ref
         preemptor = wait_until(lambda: _workload_of(api, namespace, "urgent-2"), 300, "the second Workload")
         activate(api, namespace, preemptor["metadata"]["name"], False)
         assert be.cancel(first)  # frees the quota: Kueue admits late again
-        wait_until(lambda: holds_quota(_workload_of(api, namespace, "late") or {}), 300, "re-admission", 0.02)
+        wait_until(
+            lambda: _resumed(api, namespace, "late"), 300, "late admitted again, the Trainer's Resumed", 0.05
+        )
         readmitted = time.time()
         activate(api, namespace, preemptor["metadata"]["name"], True)
         wait_until(
@@ -336,13 +355,12 @@ def test_a_job_preempted_right_after_admission_keeps_its_queue_budget(
         evicted = _condition_time(_workload_of(api, namespace, "late") or {}, "Evicted")
         assert evicted is not None and (evicted - created).total_seconds() > BUDGET  # older than its budget
         wait_until(lambda: be.get("late").state is JobState.QUEUED, 300, "late queued again")
+        core.delete_namespaced_resource_quota("no-pods", namespace)
         assert be.cancel(second)
         # 3. admitted a third time: its pods finish 2 s after they start (each pod of late patched as it comes:
         # one created by the second admission may still be on its way out)
         wait_until(lambda: be.get("late").state is JobState.RUNNING, 300, "late running again")
-        from kubernetes import client
-
-        core, released = client.CoreV1Api(api), set[str]()
+        released = set[str]()
         while step.poll() is None:
             selector = "jobset.sigs.k8s.io/jobset-name=late"
             for pod in core.list_namespaced_pod(namespace, label_selector=selector).items:
@@ -370,6 +388,7 @@ def test_a_job_preempted_right_after_admission_keeps_its_queue_budget(
     assert reasons <= {("True", "Suspended"), ("False", "Resumed")}, reasons
     ran = next(i for i, v in enumerate(versions) if not v["suspend"])  # before: created suspended
     window = [v for v in versions[ran:] if v["suspend"] and v["suspended"][0] != "True" and not v["active"]]
+    assert window, versions  # the issue's order: Kueue's spec.suspend, the Trainer still Resumed, no pod
     print(
         f"late: created {created.isoformat()}, re-admitted {readmitted - created.timestamp():.1f} s later, "
         f"evicted again at {(evicted - created).total_seconds():.0f} s; {len(versions)} versions, "
