@@ -306,6 +306,15 @@ def test_a_job_preempted_right_after_admission_keeps_its_queue_budget(
         wait_until(lambda: _state(be, "late") is JobState.RUNNING, 600, "the step's job running")
         created = be.get("late").created_at
         assert created is not None
+
+        def late() -> JobState:
+            """late's state; deleted (a waiter judged it over its budget and its step deleted it): the test fails."""
+            state = _state(be, "late")
+            if state is None:
+                out = step.communicate(timeout=300)[0]  # the step that deleted it ends at once
+                pytest.fail(f"late was deleted; the step said:\n{out[-3000:]}", pytrace=False)
+            return state
+
         updates: dict[str, list[Any]] = {"sync": [], "async": []}
         ends: dict[str, Any] = {}
 
@@ -332,7 +341,7 @@ def test_a_job_preempted_right_after_admission_keeps_its_queue_budget(
         wait_until(
             lambda: evictions(_workload_of(api, namespace, "late") or {}) == 1, 300, "first preemption"
         )
-        wait_until(lambda: be.get("late").state is JobState.QUEUED, 300, "late queued")
+        wait_until(lambda: late() is JobState.QUEUED, 300, "late queued")
         wait_until(lambda: not holds_quota(_workload_of(api, namespace, "late") or {}), 300, "quota released")
         # 2. preempted again right after Kueue admits it once more, before any pod of it exists: no pod may be
         # created in the namespace meanwhile (a ResourceQuota of 0 pods), the preemptor waits behind the first,
@@ -354,12 +363,12 @@ def test_a_job_preempted_right_after_admission_keeps_its_queue_budget(
         )
         evicted = _condition_time(_workload_of(api, namespace, "late") or {}, "Evicted")
         assert evicted is not None and (evicted - created).total_seconds() > BUDGET  # older than its budget
-        wait_until(lambda: be.get("late").state is JobState.QUEUED, 300, "late queued again")
+        wait_until(lambda: late() is JobState.QUEUED, 300, "late queued again")
         core.delete_namespaced_resource_quota("no-pods", namespace)
         assert be.cancel(second)
         # 3. admitted a third time: its pods finish 2 s after they start (each pod of late patched as it comes:
         # one created by the second admission may still be on its way out)
-        wait_until(lambda: be.get("late").state is JobState.RUNNING, 300, "late running again")
+        wait_until(lambda: late() is JobState.RUNNING, 300, "late running again")
         released = set[str]()
         while step.poll() is None:
             selector = "jobset.sigs.k8s.io/jobset-name=late"
