@@ -395,6 +395,11 @@ def test_a_job_preempted_right_after_admission_keeps_its_queue_budget(
     assert {v["uid"] for v in versions} == {be.get("late").uid}
     reasons = {v["suspended"] for v in versions if v["suspended"] != (None, None)}
     assert reasons <= {("True", "Suspended"), ("False", "Resumed")}, reasons
+    # and Kueue: it turns Evicted False when it admits the job again (an eviction time never outlives its wait)
+    final = _workload_of(api, namespace, "late") or {}
+    assert _condition_time(final, "Evicted", "False") is not None and evictions(final) == 2, final.get(
+        "status"
+    )
     ran = next(i for i, v in enumerate(versions) if not v["suspend"])  # before: created suspended
     window = [v for v in versions[ran:] if v["suspend"] and v["suspended"][0] != "True" and not v["active"]]
     assert window, versions  # the order: Kueue's spec.suspend, the Trainer still Resumed, no pod
@@ -425,6 +430,9 @@ def test_queue_budget_fails_the_wait_naming_the_queue(testbed: Any, namespace: s
     assert be.get(ref).state is JobState.QUEUED  # still queued: never started
     (wl,) = workloads(testbed.api_client, namespace)
     assert not holds_quota(wl)
+    # Kueue writes Admitted and Evicted only for a job it admitted: this one's clock may start at its creation
+    kinds = {c["type"] for c in wl["status"].get("conditions") or []}
+    assert not kinds & {"Admitted", "Evicted"}, wl["status"]
 
 
 def test_cancel_while_queued_deletes_the_trainjob_and_its_workload(
