@@ -12,8 +12,11 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,8 @@ import pytest
 from conftest import wait_until
 from kueue_env import (
     HELD,
+    KUEUE,
+    KWOK_COMPLETE_DELAY,
     NO_QUOTA,
     admission_watch,
     evictions,
@@ -33,10 +38,11 @@ from kueue_env import (
     workloads,
 )
 from trainflow.core import TrainJobRequest
-from trainflow.core.errors import QueueBudgetExceeded
+from trainflow.core.errors import QueueBudgetExceeded, TrainJobNotFound
 from trainflow.core.kube.backend import KubernetesBackend
 from trainflow.core.lifecycle import launch
-from trainflow.core.result import JobState
+from trainflow.core.observe import QUEUE_BUDGET_EXPIRED
+from trainflow.core.result import JobState, TrainJobResult
 
 pytestmark = pytest.mark.e2e
 
@@ -84,8 +90,8 @@ KFP_STEP = textwrap.dedent(
 )
 
 
-def kfp_step(testbed: Any, namespace: str, name: str, root: Path) -> subprocess.Popen[str]:
-    args = {
+def kfp_step(testbed: Any, namespace: str, name: str, root: Path, **fields: Any) -> subprocess.Popen[str]:
+    args: dict[str, Any] = {
         "root": str(root / name),
         "name": name,
         "image": IMAGE,
@@ -98,6 +104,7 @@ def kfp_step(testbed: Any, namespace: str, name: str, root: Path) -> subprocess.
         "backend_config": {"kubeconfig": str(testbed.kubeconfig)},
         "namespace": namespace,
         "timeout": 900.0,
+        **fields,
     }
     env = {**testbed.env, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-c", KFP_STEP, json.dumps(args)]
@@ -184,6 +191,228 @@ def test_preemption_is_not_failure_for_sync_and_async_waits(testbed: Any, namesp
     assert be.get("urgent").state is JobState.COMPLETE
 
 
+BUDGET = 60  # the queue budget of the job preempted twice: far above its waits for re-admission (seconds)
+
+
+def _state(be: KubernetesBackend, name: str) -> JobState | None:
+    try:
+        return be.get(name).state
+    except TrainJobNotFound:
+        return None
+
+
+def _resumed(api_client: Any, namespace: str, name: str) -> bool:
+    """Kueue admitted the job and the Trainer said so: ``spec.suspend`` clear, Suspended=False (Resumed)."""
+    from kubernetes import client
+
+    obj = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", name
+    )
+    return not obj["spec"].get("suspend") and _condition_time(obj, "Suspended", "False") is not None
+
+
+def _workload_of(api_client: Any, namespace: str, job: str) -> dict[str, Any] | None:
+    for wl in workloads(api_client, namespace):
+        if any(o.get("name") == job for o in wl["metadata"].get("ownerReferences") or []):
+            return wl
+    return None
+
+
+def activate(api_client: Any, namespace: str, workload: str, active: bool) -> None:
+    """Kueue's own switch: an inactive Workload is neither admitted nor preempts (``spec.active``)."""
+    from kubernetes import client
+
+    client.CustomObjectsApi(api_client).patch_namespaced_custom_object(
+        *KUEUE, namespace, "workloads", workload, {"spec": {"active": active}}
+    )
+
+
+def _condition_time(obj: dict[str, Any], kind: str, status: str = "True") -> datetime | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind and c.get("status") == status:
+            return datetime.fromisoformat(c["lastTransitionTime"].replace("Z", "+00:00"))
+    return None
+
+
+@contextmanager
+def versions_of(api_client: Any, namespace: str, name: str) -> Iterator[list[dict[str, Any]]]:
+    """While inside: every version of the TrainJob ``name`` a watch delivers (event type, uid, spec.suspend, the
+    Trainer's Suspended condition, its active pods), in order: the oracle for "never deleted" and for what the
+    real Trainer writes around a preemption."""
+    from kubernetes import client, watch
+
+    seen: list[dict[str, Any]] = []
+    stop = threading.Event()
+
+    def run() -> None:
+        custom = client.CustomObjectsApi(api_client)
+        rv = None
+        while not stop.is_set():
+            w = watch.Watch()
+            try:
+                for ev in w.stream(
+                    custom.list_namespaced_custom_object, "trainer.kubeflow.org", "v1alpha1", namespace,
+                    "trainjobs", field_selector=f"metadata.name={name}", timeout_seconds=5,
+                    **({"resource_version": rv} if rv else {}),
+                ):  # fmt: skip
+                    obj = ev["object"]
+                    rv = obj["metadata"]["resourceVersion"]
+                    status = obj.get("status") or {}
+                    cond = next((c for c in status.get("conditions") or [] if c["type"] == "Suspended"), {})
+                    seen.append({
+                        "type": ev["type"], "uid": obj["metadata"]["uid"], "at": time.time(),
+                        "suspend": bool((obj.get("spec") or {}).get("suspend")),
+                        "suspended": (cond.get("status"), cond.get("reason")),
+                        "active": sum(int(j.get("active") or 0) for j in status.get("jobsStatus") or []),
+                    })  # fmt: skip
+                    if stop.is_set():
+                        break
+            except Exception as exc:  # a 410 re-lists; anything else is recorded and fails the test
+                if "410" not in str(exc):
+                    seen.append({"type": "ERROR", "error": repr(exc)})
+                rv = None
+                time.sleep(0.2)
+            finally:
+                w.stop()
+
+    thread = threading.Thread(target=run, name=f"trainjob-versions-{name}", daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def test_a_job_preempted_right_after_admission_keeps_its_queue_budget(
+    testbed: Any, namespace: str, queue: str, tmp_path: Path
+) -> None:
+    """Issue 33: a job older than its queue budget, preempted while it runs and again right after Kueue admits it
+    once more (before its pods run). Every waiter (the KFP step that submitted it, which deletes a job over its
+    budget; a sync and an async wait) reports it Queued and preempted, then Complete: never
+    QueueBudgetExceeded, and the job is never deleted. Each wait's budget counts from its preemption as the
+    Trainer and Kueue time it (``kueue.queue_clock``), never from the job's creation."""
+    from kubernetes import client
+
+    api = testbed.api_client
+    core = client.CoreV1Api(api)
+    be = KubernetesBackend(kubeconfig=str(testbed.kubeconfig), namespace=namespace)
+    urgent = request("urgent", 4, HELD, queue=queue, priority_class="trainflow-high")
+    with versions_of(api, namespace, "late") as versions:
+        step = kfp_step(
+            testbed, namespace, "late", tmp_path, resources={"cpu": 4}, priority_class="trainflow-low",
+            max_queue_seconds=BUDGET,
+        )  # fmt: skip
+        wait_until(lambda: _state(be, "late") is JobState.RUNNING, 600, "the step's job running")
+        created = be.get("late").created_at
+        assert created is not None
+
+        def late() -> JobState:
+            """late's state; deleted (a waiter judged it over its budget and its step deleted it): the test fails."""
+            state = _state(be, "late")
+            if state is None:
+                out = step.communicate(timeout=300)[0]  # the step that deleted it ends at once
+                pytest.fail(f"late was deleted; the step said:\n{out[-3000:]}", pytrace=False)
+            return state
+
+        updates: dict[str, list[Any]] = {"sync": [], "async": []}
+        ends: dict[str, Any] = {}
+
+        def sync_wait() -> None:
+            try:
+                ends["sync"] = be.wait("late", timeout=900, on_update=updates["sync"].append)
+            except Exception as exc:  # the test fails with it below
+                ends["sync"] = exc
+
+        def async_wait() -> None:
+            try:
+                ends["async"] = asyncio.run(
+                    be.wait_async("late", timeout=900, on_update=updates["async"].append)
+                )
+            except Exception as exc:
+                ends["async"] = exc
+
+        waits = [threading.Thread(target=f, daemon=True) for f in (sync_wait, async_wait)]
+        for t in waits:
+            t.start()
+        # 1. preempted while it runs, once it is older than its budget
+        time.sleep(max(0.0, created.timestamp() + BUDGET + 5 - time.time()))
+        first = launch(be, urgent).ref
+        wait_until(
+            lambda: evictions(_workload_of(api, namespace, "late") or {}) == 1, 300, "first preemption"
+        )
+        wait_until(lambda: late() is JobState.QUEUED, 300, "late queued")
+        wait_until(lambda: not holds_quota(_workload_of(api, namespace, "late") or {}), 300, "quota released")
+        # 2. preempted again right after Kueue admits it once more, before any pod of it exists: no pod may be
+        # created in the namespace meanwhile (a ResourceQuota of 0 pods), the preemptor waits behind the first,
+        # deactivated (Kueue's Workload spec.active), and is activated once the Trainer says late resumed
+        core.create_namespaced_resource_quota(
+            namespace, {"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}}
+        )
+        second = launch(be, urgent.model_copy(update={"name": "urgent-2"})).ref
+        preemptor = wait_until(lambda: _workload_of(api, namespace, "urgent-2"), 300, "the second Workload")
+        activate(api, namespace, preemptor["metadata"]["name"], False)
+        assert be.cancel(first)  # frees the quota: Kueue admits late again
+        wait_until(
+            lambda: _resumed(api, namespace, "late"), 300, "late admitted again, the Trainer's Resumed", 0.05
+        )
+        readmitted = time.time()
+        activate(api, namespace, preemptor["metadata"]["name"], True)
+        wait_until(
+            lambda: evictions(_workload_of(api, namespace, "late") or {}) == 2, 300, "second preemption"
+        )
+        evicted = _condition_time(_workload_of(api, namespace, "late") or {}, "Evicted")
+        assert evicted is not None and (evicted - created).total_seconds() > BUDGET  # older than its budget
+        wait_until(lambda: late() is JobState.QUEUED, 300, "late queued again")
+        core.delete_namespaced_resource_quota("no-pods", namespace)
+        assert be.cancel(second)
+        # 3. admitted a third time: its pods finish 2 s after they start (each pod of late patched as it comes:
+        # one created by the second admission may still be on its way out)
+        wait_until(lambda: late() is JobState.RUNNING, 300, "late running again")
+        released = set[str]()
+        while step.poll() is None:
+            selector = "jobset.sigs.k8s.io/jobset-name=late"
+            for pod in core.list_namespaced_pod(namespace, label_selector=selector).items:
+                if pod.metadata.name not in released and not pod.metadata.deletion_timestamp:
+                    patch = {"metadata": {"annotations": {KWOK_COMPLETE_DELAY: "2s"}}}
+                    core.patch_namespaced_pod(pod.metadata.name, namespace, patch)
+                    released.add(pod.metadata.name)
+            time.sleep(1.0)
+        out, _ = step.communicate(timeout=900)
+        for t in waits:
+            t.join(900)
+    for name in ("sync", "async"):  # first: the waiters' own verdicts say most
+        result = ends.get(name)
+        assert isinstance(result, TrainJobResult), (name, result)
+        assert result.state is JobState.COMPLETE and result.preemptions == 2, (name, result)
+        queued = [u for u in updates[name] if u.state is JobState.QUEUED]
+        assert any("Preempted to accommodate" in (u.message or "") for u in queued), (name, queued)
+        assert not any(u.reason == QUEUE_BUDGET_EXPIRED for u in updates[name]), name
+    assert "QueueBudgetExceeded" not in out and "within its queue budget" not in out, out[-3000:]
+    assert step.returncode == 0 and "STEP-STATE Complete" in out, out[-3000:]
+    # the oracle: the job was never deleted, and what the real Trainer wrote
+    assert not [v for v in versions if v["type"] in ("DELETED", "ERROR")], versions
+    assert {v["uid"] for v in versions} == {be.get("late").uid}
+    reasons = {v["suspended"] for v in versions if v["suspended"] != (None, None)}
+    assert reasons <= {("True", "Suspended"), ("False", "Resumed")}, reasons
+    # and Kueue: it turns Evicted False when it admits the job again (an eviction time never outlives its wait)
+    final = _workload_of(api, namespace, "late") or {}
+    assert _condition_time(final, "Evicted", "False") is not None and evictions(final) == 2, final.get(
+        "status"
+    )
+    ran = next(i for i, v in enumerate(versions) if not v["suspend"])  # before: created suspended
+    window = [v for v in versions[ran:] if v["suspend"] and v["suspended"][0] != "True" and not v["active"]]
+    assert window, versions  # the issue's order: Kueue's spec.suspend, the Trainer still Resumed, no pod
+    print(
+        f"late: created {created.isoformat()}, re-admitted {readmitted - created.timestamp():.1f} s later, "
+        f"evicted again at {(evicted - created).total_seconds():.0f} s; {len(versions)} versions, "
+        f"{len(window)} suspended without the Trainer's Suspended=True and without active pods"
+    )
+    for v in versions:  # what the Trainer wrote, in order (shown with -s)
+        at = v["at"] - created.timestamp()
+        print(f"  {at:7.2f} s  suspend={v['suspend']!s:5}  {v['suspended']}  active={v['active']}")
+
+
 def test_queue_budget_fails_the_wait_naming_the_queue(testbed: Any, namespace: str, queue: str) -> None:
     """A job that can never fit (8 CPUs in a 4-CPU queue) fails its wait at max_queue_seconds, with Kueue's
     reason; the job is left queued (the adapters delete it per their cancel setting), never started."""
@@ -201,6 +430,9 @@ def test_queue_budget_fails_the_wait_naming_the_queue(testbed: Any, namespace: s
     assert be.get(ref).state is JobState.QUEUED  # still queued: never started
     (wl,) = workloads(testbed.api_client, namespace)
     assert not holds_quota(wl)
+    # Kueue writes Admitted and Evicted only for a job it admitted: this one's clock may start at its creation
+    kinds = {c["type"] for c in wl["status"].get("conditions") or []}
+    assert not kinds & {"Admitted", "Evicted"}, wl["status"]
 
 
 def test_cancel_while_queued_deletes_the_trainjob_and_its_workload(

@@ -12,7 +12,10 @@ how often it was preempted, live in its Workload (``kueue.x-k8s.io``, labelled `
 * ``status.schedulingStats.evictions``: Kueue's own count of evictions by reason, so preemptions survive any
   waiter's restart;
 * ``status.accumulatedPastExecutionTimeSeconds``: time admitted in earlier admit-evict cycles, so the time a
-  job spent queued is its life up to its latest start minus that.
+  job spent queued is its life up to its latest start minus that;
+* the transition times of ``Admitted=True`` and ``Evicted=True``: when Kueue last admitted the job and when it
+  began to evict it (Kueue turns ``Evicted`` False at the next admission): with the Trainer's own
+  ``Suspended`` condition, they time each wait for admission (``queue_clock``: what the queue budget counts).
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ class QueueStatus:
     preemptions: int = 0
     evictions: int = 0
     admitted_before: float = 0.0  # seconds admitted in earlier admit-evict cycles
+    admitted_at: datetime | None = None  # while Admitted=True: when Kueue admitted it
+    evicted_at: datetime | None = None  # while Evicted=True: when Kueue began to evict it
+    was_admitted: bool = False  # Kueue admitted it at some time (now, or before an eviction)
 
     @property
     def decided(self) -> bool:
@@ -107,6 +113,8 @@ def queue_status(workload: Mapping[str, Any]) -> QueueStatus:
                 # as much as why it waits now, which Kueue often writes in the same second
                 message = f"{message or reason}; evicted before: {gone}"
     past = status.get("accumulatedPastExecutionTimeSeconds")
+    evicted_count = sum(int(e.get("count") or 0) for e in evictions)
+    before = float(past) if isinstance(past, int | float) else 0.0
     return QueueStatus(
         workload=str(meta.get("name", "")),
         local_queue=spec.get("queueName"),
@@ -116,9 +124,22 @@ def queue_status(workload: Mapping[str, Any]) -> QueueStatus:
         reason=str(reason) if reason else None,
         message=_short(message) if message else None,
         preemptions=sum(int(e.get("count") or 0) for e in evictions if e.get("reason") == PREEMPTED),
-        evictions=sum(int(e.get("count") or 0) for e in evictions),
-        admitted_before=float(past) if isinstance(past, int | float) else 0.0,
+        evictions=evicted_count,
+        admitted_before=before,
+        admitted_at=_since(conds.get("Admitted"), "True"),
+        evicted_at=_since(evicted, "True"),
+        # Kueue writes Admitted only once it admits, and Evicted only once it evicts an admitted job
+        was_admitted=admitted
+        or "Admitted" in conds
+        or evicted is not None
+        or evicted_count > 0
+        or before > 0,
     )
+
+
+def _since(cond: Mapping[str, Any] | None, value: str) -> datetime | None:
+    """When the condition turned ``value``, while it has that value."""
+    return parse_time(cond.get("lastTransitionTime")) if cond is not None and _is(cond, value) else None
 
 
 def workload_of(items: list[Mapping[str, Any]]) -> QueueStatus | None:
@@ -185,16 +206,64 @@ def managed(obj: Mapping[str, Any]) -> bool:
     return bool(((obj.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL))
 
 
-def queued_since(obj: Mapping[str, Any]) -> datetime | None:
-    """When the job's current wait for admission began: its Suspended condition's transition, else creation."""
+@dataclass(frozen=True)
+class Sightings:
+    """What one waiter saw of a job itself, on its own clock: the latest time it saw the job admitted
+    (``spec.suspend`` clear), the first time it saw it suspended since, and whether it saw its pods run."""
+
+    admitted_at: datetime | None = None
+    suspended_at: datetime | None = None
+    ran: bool = False
+
+
+NOT_SEEN = Sightings()
+
+
+def queue_clock(
+    obj: Mapping[str, Any], queue: QueueStatus | None = None, seen: Sightings = NOT_SEEN
+) -> datetime | None:
+    """When the job's current wait for admission began: what its queue budget counts from (None: not waiting).
+
+    A wait begins when the job is suspended: at its creation (Kueue's webhook creates it suspended), and at each
+    preemption. Its start is the latest of the times the Trainer and Kueue give a suspension (the Trainer's
+    ``Suspended=True``, Kueue's ``Evicted=True``; the creation only while nothing says the job was ever
+    admitted), ignoring any from before the latest admission anyone saw (the Trainer's ``Suspended=False``,
+    Kueue's ``Admitted=True``, this waiter's own sight of ``spec.suspend`` clear): such a time belongs to an
+    earlier wait. With none left, Kueue suspended the job and neither has said when yet (the Trainer writes
+    its condition after ``spec.suspend`` reaches the watch): the clock starts when this waiter first saw it
+    suspended (never before the latest admission), unless Kueue's word is that it is admitted.
+    """
+    if not (obj.get("spec") or {}).get("suspend"):
+        return None  # admitted (the Trainer's condition follows)
     status = obj.get("status") or {}
-    for cond in status.get("conditions") or []:
-        if (
-            isinstance(cond, Mapping)
-            and cond.get("type") == "Suspended"
-            and str(cond.get("status")) == "True"
-        ):
-            return parse_time(cond.get("lastTransitionTime")) or parse_time(
-                (obj.get("metadata") or {}).get("creationTimestamp")
-            )
-    return parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
+    trainer = _conditions(status).get("Suspended")  # the Trainer's: True "Suspended", False "Resumed"
+    # when a wait for admission began, and when the job was admitted, as each source timed it
+    starts = [_since(trainer, "True"), queue.evicted_at if queue else None]
+    admissions = [_since(trainer, "False"), queue.admitted_at if queue else None, seen.admitted_at]
+    ever_admitted = (
+        _is(trainer, "False")
+        or any(admissions)
+        or seen.ran
+        or _pods_ran(status)
+        or (queue is not None and queue.was_admitted)
+    )
+    if not ever_admitted:
+        starts.append(parse_time((obj.get("metadata") or {}).get("creationTimestamp")))
+    admitted = max((t for t in admissions if t is not None), default=None)
+    # a suspension in the second of the latest admission came right after it
+    current = [t for t in starts if t is not None and (admitted is None or t >= admitted)]
+    if current:
+        return max(current)
+    if queue is not None and queue.admitted and queue.evicted_at is None:
+        return None  # Kueue admitted it after every suspension anyone timed: spec.suspend is about to clear
+    if seen.suspended_at is None:
+        return None
+    return max(seen.suspended_at, admitted) if admitted is not None else seen.suspended_at
+
+
+def _pods_ran(status: Mapping[str, Any]) -> bool:
+    """The Trainer counts pods of the job's JobSet that ran (only an admitted job has any)."""
+    return any(
+        isinstance(j, Mapping) and any(j.get(k) for k in ("active", "ready", "succeeded", "failed"))
+        for j in status.get("jobsStatus") or []
+    )

@@ -17,8 +17,9 @@ feed each version of the TrainJob (or ``None`` when a quiet period passed) to ``
   read the job's Workload (``check_queue``) when the job turns Queued or changes while queued, again at a
   growing pace until Kueue has decided, and (a waiter of its own, ``queue_recheck``) every 30 s while queued;
   ``observe_queue`` folds the answer in. A job queued longer than its queue budget (the
-  ``trainflow.dev/max-queue-seconds`` annotation, counted from its latest suspension) fails the wait
-  (``budget_expired``); the run budget is the Trainer's own ``spec.activeDeadlineSeconds``;
+  ``trainflow.dev/max-queue-seconds`` annotation, counted from the start of its current wait for admission as
+  the Trainer and Kueue time it, ``kueue.queue_clock``) fails the wait (``budget_expired``); the run budget is
+  the Trainer's own ``spec.activeDeadlineSeconds``;
 * the metrics history: each distinct ``trainerStatus`` (a report of the training code) is recorded once, at
   its ``lastUpdatedTime``, bounded and downsampled as ``core/history.py`` says; each look's result carries it
   (``result.history``) with the ETA, and a new report is a change (``on_update``). Nothing is read for it.
@@ -99,6 +100,8 @@ class Waiter:
     result: TrainJobResult | None = None
     obj: Mapping[str, Any] | None = None
     ran: bool = False
+    admitted_seen: float | None = None  # the latest look that found ``spec.suspend`` clear
+    suspended_seen: float | None = None  # the first look that found it set, since
     checked_at: float | None = None
     history: Recorder | None = field(default=None, repr=False)  # made at the first report
     _seen: TrainJobResult | None = field(default=None, repr=False)  # the TrainJob alone, before Kueue's word
@@ -140,14 +143,13 @@ class Waiter:
         return value if value is not None and math.isfinite(value) and value > 0 else None
 
     def queue_budget_expires(self) -> float | None:
-        """When the current wait for admission exceeds the queue budget (epoch seconds), if the job has one.
-
-        A job whose ``spec.suspend`` is already cleared was admitted (its Suspended condition lags behind)."""
+        """When the current wait for admission exceeds the queue budget (epoch seconds), if the job has one."""
         budget = self.queue_budget()
-        if budget is None or not ((self.obj or {}).get("spec") or {}).get("suspend"):
+        if budget is None or self.obj is None:
             return None
-        since = kueue.queued_since(self.obj) if self.obj is not None and budget is not None else None
-        return since.timestamp() + budget if since is not None and budget is not None else None
+        seen = kueue.Sightings(_utc(self.admitted_seen), _utc(self.suspended_seen), self.ran)
+        since = kueue.queue_clock(self.obj, self.queue, seen)
+        return since.timestamp() + budget if since is not None else None
 
     def has_pods(self) -> bool:
         """A job not yet terminal whose JobSet reports jobs (its pods exist or are coming)."""
@@ -209,6 +211,10 @@ def observe(waiter: Waiter, obj: Mapping[str, Any] | None, now: float) -> Outcom
         elif seen.state is JobState.CREATED and waiter.ran:
             seen = seen.replace(state=JobState.RUNNING)
         waiter.obj, waiter._seen = obj, seen
+        if (obj.get("spec") or {}).get("suspend"):
+            waiter.suspended_seen = now if waiter.suspended_seen is None else waiter.suspended_seen
+        else:
+            waiter.admitted_seen, waiter.suspended_seen = now, None
         if seen.state is JobState.QUEUED and waiter.queue_reads and kueue.managed(obj):
             waiter.queue_due = now  # turned Queued, or changed while queued: ask Kueue why
     if waiter._seen is None:
@@ -264,6 +270,10 @@ def _merged(waiter: Waiter, now: float) -> TrainJobResult:
         )
     waiter.result = seen
     return seen
+
+
+def _utc(epoch: float | None) -> datetime | None:
+    return datetime.fromtimestamp(epoch, UTC) if epoch is not None else None
 
 
 def _changed(waiter: Waiter, result: TrainJobResult) -> bool:
