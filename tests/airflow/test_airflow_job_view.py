@@ -121,7 +121,9 @@ RUNNER = Path(__file__).resolve().parent / "dag_runner.py"
 def local_conn(home: Path) -> str:
     import json
 
-    return json.dumps({"conn_type": "kubeflow_trainer", "extra": {"backend": "local", "local_home": str(home)}})
+    return json.dumps(
+        {"conn_type": "kubeflow_trainer", "extra": {"backend": "local", "local_home": str(home)}}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +178,7 @@ def forge(key: TaskKey, value: dict[str, Any]) -> None:
 def served(key: TaskKey) -> tuple[int, str]:
     """The page as both web stacks serve it (``job_app``, ``job_flask``): the definition, the XComs, the page."""
     from airflow.utils.session import create_session
+
     from trainflow.airflow.job_view import xcom_values
     from trainflow.airflow.task_job import task_connection
 

@@ -100,7 +100,9 @@ def test_the_page_shows_only_the_tasks_own_job(deployment: Deployment, api: Airf
     assert "twin-line" not in page.text and "TOPSECRET" not in page.text
     assert 'id="tf-state"' in page.text and "Running" in page.text, page.text[:3000]
     backend.cancel(api_ref(own))  # the run ends now: the page's part is done
-    wait_for(lambda: api.ti("tf_deploy_page_a", run_id, "train")["state"] in ("failed", "success"), 300, "end")
+    wait_for(
+        lambda: api.ti("tf_deploy_page_a", run_id, "train")["state"] in ("failed", "success"), 300, "end"
+    )
 
 
 def api_ref(ref: dict[str, Any]) -> Any:
