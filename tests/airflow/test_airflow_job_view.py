@@ -251,3 +251,38 @@ def test_the_page_reads_through_the_definitions_connection(web: dict[str, Any]) 
     forge(key, {**ref_of(web, key), "conn_id": "kubeflow_trainer_default"})
     status, html = served(key)
     assert status == 200 and "TOPSECRET-of-team-b-elsewhere" in html, html
+
+
+def test_the_connection_is_the_definitions_own_or_its_rendered_value() -> None:
+    """What a serialized task (as the web server reads it) says its connection is."""
+    from airflow.providers.common.compat.sdk import DAG
+
+    from trainflow.airflow import TrainJobOperator
+    from trainflow.airflow.task_job import definition_conn_id
+
+    try:
+        from airflow.serialization.serialized_objects import DagSerialization as Serializer
+    except ImportError:  # before Airflow 3.1
+        from airflow.serialization.serialized_objects import SerializedDAG as Serializer
+
+    args: dict[str, Any] = {"runtime": "jax-distributed", "function": twin_line}
+    with DAG("d", schedule=None) as dag:
+        TrainJobOperator(task_id="plain", conn_id="c1", **args)
+        TrainJobOperator(task_id="default", **args)
+        TrainJobOperator(task_id="templated", conn_id="{{ params.c }}", **args)
+        TrainJobOperator.partial(task_id="mapped", conn_id="c2", **args).expand(namespace=["a", "b"])
+        TrainJobOperator.partial(task_id="expanded", **args).expand(conn_id=["c3", "c4"])
+    served = Serializer.from_dict(Serializer.to_dict(dag))
+    rendered = {"conn_id": "c5"}
+    assert definition_conn_id(served.get_task("plain"), rendered) == Definition(
+        True, "c1"
+    )  # never the rendered
+    assert definition_conn_id(served.get_task("default"), None) == Definition(
+        True, "kubeflow_trainer_default"
+    )
+    assert definition_conn_id(served.get_task("templated"), None) == UNKNOWN
+    assert definition_conn_id(served.get_task("templated"), rendered) == Definition(True, "c5")
+    assert definition_conn_id(served.get_task("templated"), {"conn_id": "{{ x }}"}) == UNKNOWN
+    assert definition_conn_id(served.get_task("mapped"), rendered) == Definition(True, "c2")
+    assert definition_conn_id(served.get_task("expanded"), None) == UNKNOWN
+    assert definition_conn_id(served.get_task("expanded"), {"conn_id": "c4"}) == Definition(True, "c4")
