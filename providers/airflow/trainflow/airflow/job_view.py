@@ -162,7 +162,10 @@ def render_page(
     if not isinstance(ref, dict) or not ref.get("name"):
         return 404, _message(f"Task {task} has no TrainJob (yet): it records one when it submits it.")
     if not definition.known:
-        what = "Its connection is a template not rendered yet, so nothing is read live"
+        what = (
+            "Its connection cannot be told from its definition (a template not rendered yet, or a task no longer "
+            "in its DAG), so nothing is read live"
+        )
         return 200, _message(READ_FAILED.format(task=task, what=what))
     try:  # the connection's own problems (no secret is in them): say which
         backend = TrainJobHook(definition.conn_id).get_backend()
