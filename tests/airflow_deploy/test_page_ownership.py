@@ -49,7 +49,9 @@ def twin_line() -> None:
     print("twin-line-of-the-default-namespace", flush=True)
 
 
-def test_the_page_shows_only_the_tasks_own_job(deployment: Deployment, api: Airflow, run_id: str) -> None:
+def test_the_page_shows_only_the_tasks_own_job(
+    deployment: Deployment, api: Airflow, run_id: str, request: pytest.FixtureRequest
+) -> None:
     from trainflow.core import TrainJobRequest
 
     api.trigger("tf_deploy_page_b", run_id)
@@ -58,7 +60,9 @@ def test_the_page_shows_only_the_tasks_own_job(deployment: Deployment, api: Airf
     theirs = api.xcom("tf_deploy_page_b", run_id, "train", key="trainjob")
     assert theirs["namespace"] == "team-b"
 
-    api.trigger("tf_deploy_page_a", run_id, {"seconds": 120})
+    gate = deployment.trainflow_home / f"gate-{run_id}"  # team A's job runs until the test opens it
+    request.addfinalizer(gate.touch)  # whatever happens
+    api.trigger("tf_deploy_page_a", run_id, {"gate": str(gate), "seconds": 600})
     ti = api.wait_ti_state("tf_deploy_page_a", run_id, "train", {"deferred", "success", "failed"})
     assert ti["state"] == "deferred", (ti, api.why("tf_deploy_page_a", run_id))
     own = api.xcom("tf_deploy_page_a", run_id, "train", key="trainjob")
@@ -88,6 +92,7 @@ def test_the_page_shows_only_the_tasks_own_job(deployment: Deployment, api: Airf
         assert page.status_code == 403, (value, page.status_code, page.text[:3000])
         assert "TOPSECRET" not in page.text and "twin-line" not in page.text, page.text
         assert theirs["name"] not in page.text and "team-b" not in page.text, page.text
+    assert api.ti("tf_deploy_page_a", run_id, "train")["state"] == "deferred"  # read live, not its result
 
     forge(deployment, "tf_deploy_page_a", run_id, "train", own)
     page = wait_for(
@@ -99,13 +104,7 @@ def test_the_page_shows_only_the_tasks_own_job(deployment: Deployment, api: Airf
     assert nodes == ["node-0"], page.text
     assert "twin-line" not in page.text and "TOPSECRET" not in page.text
     assert 'id="tf-state"' in page.text and "Running" in page.text, page.text[:3000]
-    backend.cancel(api_ref(own))  # the run ends now: the page's part is done
-    wait_for(
-        lambda: api.ti("tf_deploy_page_a", run_id, "train")["state"] in ("failed", "success"), 300, "end"
-    )
-
-
-def api_ref(ref: dict[str, Any]) -> Any:
-    from trainflow.core.result import JobRef
-
-    return JobRef(name=ref["name"], namespace=ref["namespace"], uid=ref.get("uid"))
+    assert api.ti("tf_deploy_page_a", run_id, "train")["state"] == "deferred"
+    gate.touch()
+    run = api.wait_run("tf_deploy_page_a", run_id, timeout=300)
+    assert run["state"] == "success", api.why("tf_deploy_page_a", run_id)
