@@ -83,12 +83,15 @@ def history_points(history: dict[str, Any]) -> dict[str, int]:
     return out
 
 
-def task_page_points(result: dict[str, Any], task: str, tmp_path: Path) -> dict[str, int]:
+def task_page_points(result: dict[str, Any], dag_id: str, task_id: str, tmp_path: Path) -> dict[str, int]:
     """The points Chromium finds drawn on the Airflow TrainJob page of a task whose XCom result is ``result``
     (rendered as the provider's plugin serves it)."""
     from trainflow.airflow.job_view import render_page
+    from trainflow.airflow.task_job import Definition, TaskKey
 
-    status, html = render_page({"return_value": result}, task)
+    status, html = render_page(
+        TaskKey(dag_id, "run", task_id, -1), {"return_value": result}, Definition(True, None)
+    )
     assert status == 200, html[:2000]
     (tmp_path / "page.html").write_text(html)
     with chromium() as browser:

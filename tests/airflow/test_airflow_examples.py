@@ -119,7 +119,7 @@ def test_retraining_example_trains_evaluates_and_promotes(af, airflow_db, trainf
     assert all(e is not None for e in history["eta_seconds"][1:])
     expected = history_points(history)
     assert expected["progress"] == expected["loss"] == 16, expected
-    assert task_page_points(train, "trainflow_retraining.train", tmp_path) == expected
+    assert task_page_points(train, "trainflow_retraining", "train", tmp_path) == expected
     assert cli_chart_points(train, tmp_path) == expected  # the CLI's chart file of the saved XCom result
 
 

@@ -70,13 +70,15 @@ case "$SUITE" in
       --env "AIRFLOW__OPENLINEAGE__SELECTIVE_ENABLE=True"
     )
     tests=("$HERE/test_deploy_local.py" "$HERE/test_deploy_kube.py" "$HERE/test_deploy_faults.py"
-           "$HERE/test_deploy_kueue.py" "$HERE/test_ui.py" "$HERE/test_trainjob_page.py")
+           "$HERE/test_deploy_kueue.py" "$HERE/test_ui.py" "$HERE/test_trainjob_page.py"
+           "$HERE/test_page_ownership.py")
     unit=()  # the newest Airflow is the project's own (uv.lock): make test-fast runs these tests on it
     ;;
   floor)
     # the example DAGs (tests/airflow_deploy/dags/tf_examples.py), deferred as the config's default says
     stack_env+=(--env "TRAINFLOW_DEPLOY_EXAMPLES=1" --env "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE=True")
-    tests=("$HERE/test_floor.py" "$HERE/test_deploy_local.py::test_deferral_through_the_real_triggerer"
+    tests=("$HERE/test_floor.py" "$HERE/test_page_ownership.py"
+           "$HERE/test_deploy_local.py::test_deferral_through_the_real_triggerer"
            "$HERE/test_deploy_local.py::test_marking_a_deferred_task_failed_deletes_its_trainjob"
            "$HERE/test_deploy_local.py::test_triggerer_killed_mid_wait_loses_nothing")
     # the worker kill on 2.x's own task runner (supervisor and raw process); 3.x's task SDK supervisor is the

@@ -148,7 +148,7 @@ def test_retraining_example_dag_trains_on_pods_and_evaluates_the_model_from_the_
     assert running[1:] and all(e is not None for e in running[1:]), history
     expected = history_points(history)
     assert expected["loss"] >= 10, expected
-    assert task_page_points(train, "trainflow_retraining.train", tmp_path) == expected
+    assert task_page_points(train, "trainflow_retraining", "train", tmp_path) == expected
     assert cli_chart_points(train, tmp_path) == expected  # the CLI's chart file of the saved XCom result
     record("airflow_retraining_dag", {"seconds": round(elapsed, 1), "history_points": len(history["time"])})
 

@@ -268,3 +268,45 @@ if tf_callbacks is not None:
 
     with DAG("tf_deploy_hung_update", params={"steps": 6, "step_seconds": 0.5}, **PARAMS):
         paced_task(deferrable=True, on_update_callback="tf_callbacks.hang_update", callback_timeout=3)
+
+
+def say_and_wait(text: str = "", gate: str = "", seconds: float = 0.0) -> None:
+    """Print one line (rank 0's log) and report, then run until the file ``gate`` exists (at most ``seconds``)."""
+    import os
+    import time
+
+    from trainflow.core.reporting import report
+
+    print(text, flush=True)
+    report(metrics={"said": 1.0}, progress=50)
+    end = time.time() + float(seconds)
+    while time.time() < end and not (gate and os.path.exists(gate)):
+        time.sleep(0.2)
+
+
+# the TrainJob page's ownership (test_page_ownership.py): team B's job prints a secret in its own namespace;
+# team A's task runs in namespace team-a while the test makes its XCom name team B's job
+with DAG("tf_deploy_page_b", **PARAMS):
+    TrainJobOperator(
+        task_id="train",
+        runtime=RUNTIME,
+        function=say_and_wait,
+        function_kwargs={"text": "TOPSECRET-of-team-b"},
+        namespace="team-b",
+        deferrable=False,
+    )
+
+with DAG("tf_deploy_page_a", params={"gate": "", "seconds": 600}, **PARAMS):
+    TrainJobOperator(
+        task_id="train",
+        runtime=RUNTIME,
+        function=say_and_wait,
+        function_kwargs={
+            "text": "own-line-of-team-a",
+            "gate": "{{ params.gate }}",
+            "seconds": "{{ params.seconds }}",
+        },
+        namespace="team-a",
+        deferrable=True,
+        execution_timeout=timedelta(minutes=10),
+    )

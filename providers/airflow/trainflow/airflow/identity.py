@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from airflow.providers.common.compat.sdk import Context
@@ -28,6 +29,13 @@ def airflow_labels(dag_id: str, task_id: str, run_id: str, map_index: int | None
     if map_index is not None and int(map_index) >= 0:
         labels[f"{LABEL_PREFIX}map-index"] = str(int(map_index))
     return labels
+
+
+def carries(labels: Mapping[str, Any], dag_id: str, task_id: str, run_id: str, map_index: int | None) -> bool:
+    """A TrainJob's labels name this task instance, as ``airflow_labels`` set them (no map index: not mapped)."""
+    own = airflow_labels(dag_id, task_id, run_id, map_index)
+    names = ("dag-id", "task-id", "run-id", "map-index")
+    return all(labels.get(f"{LABEL_PREFIX}{n}") == own.get(f"{LABEL_PREFIX}{n}") for n in names)
 
 
 def ti_identity(context: Context) -> tuple[str, str, str, int | None]:

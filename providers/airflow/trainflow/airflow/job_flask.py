@@ -1,6 +1,7 @@
 """The TrainJob page on Airflow 2's Flask webserver: the same page as ``job_app`` serves on Airflow 3's API
 server (``job_view``), as a Flask blueprint at ``/trainflow``, behind the webserver's own authentication (read
-access to the DAG's task instances, as the webserver's task views check it).
+access to the DAG's task instances, as the webserver's task views check it); what it reads of the cluster
+follows ``task_job``.
 
 Imported by the Airflow 2 webserver only (``plugin.TrainflowPlugin.flask_blueprints``).
 """
@@ -32,7 +33,8 @@ def make_blueprint() -> Any:
     from airflow.auth.managers.models.resource_details import DagAccessEntity
     from airflow.utils.session import create_session
     from airflow.www.auth import has_access_dag
-    from trainflow.airflow.job_view import render_page, task_label
+    from trainflow.airflow.job_view import render_page
+    from trainflow.airflow.task_job import TaskKey, task_connection
 
     blueprint = Blueprint("trainflow", __name__, url_prefix="/trainflow")
 
@@ -43,9 +45,11 @@ def make_blueprint() -> Any:
             return Response("map_index: give an integer, -1 for an unmapped task", status=400)
         if map_index < -1:
             return Response("map_index: give -1 or a map index (0 or more)", status=400)
+        key = TaskKey(dag_id, run_id, task_id, map_index)
         with create_session() as session:
-            xcoms = xcom_values_2x(session, dag_id, run_id, task_id, map_index)
-        status, html = render_page(xcoms, task_label(dag_id, run_id, task_id, map_index))
+            definition = task_connection(session, key)
+            xcoms = xcom_values_2x(session, dag_id, run_id, task_id, map_index) if definition else {}
+        status, html = render_page(key, xcoms, definition)
         return Response(html, status=status, mimetype="text/html", headers={"Cache-Control": "no-store"})
 
     allowed = has_access_dag("GET", DagAccessEntity.TASK_INSTANCE)  # reads dag_id from the route

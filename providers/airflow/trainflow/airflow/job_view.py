@@ -1,8 +1,9 @@
 """The TrainJob page of a task instance (``trainflow.core.job_page``), served by the provider's plugin.
 
 A finished task's page is its XCom result: the state, the ETA and metrics as last reported, and the whole
-metrics history its wait recorded. While the task runs, the page reads the TrainJob from the cluster (or the
-local engine) through the task's connection, live: state, progress and ETA, latest metrics, per-node state
+metrics history its wait recorded. While the task runs, the page reads the task's own TrainJob from the cluster
+(or the local engine) through the connection of the task's definition (``task_job``: never one an XCom names,
+and only a job carrying the task instance's labels), live: state, progress and ETA, latest metrics, per-node state
 and rank 0's log tail, and it reloads itself every few seconds. On a cluster that read needs the web server to
 reach the API server with a connection whose account may ``get`` TrainJobs, ``list`` pods and ``get``
 ``pods/log`` in the job's namespace; without it the page shows what the task's XCom holds and why the live part
@@ -17,6 +18,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
+
+from trainflow.airflow.task_job import Definition, TaskKey, owned
 
 LIVE_REFRESH_SECONDS = 5
 LOG_TAIL_LINES = 60
@@ -70,11 +73,12 @@ def kube_nodes(backend: Any, namespace: str, name: str) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: str(r["name"]))
 
 
-def local_nodes(backend: Any, name: str) -> list[dict[str, Any]]:
-    """One row per local node process: its rank, whether it runs, its exit code."""
+def local_nodes(backend: Any, jref: Any) -> list[dict[str, Any]]:
+    """One row per local node process of the job ``jref`` (its namespace's): its rank, whether it runs, its
+    exit code."""
     from trainflow.core.local import store
 
-    job = store.JobDir(backend.job_dir(name))
+    job = store.JobDir(backend.job_dir(jref))
     rows = []
     for node in store.read_aux(job.nodes) or []:
         if not isinstance(node, Mapping):
@@ -98,17 +102,12 @@ def local_nodes(backend: Any, name: str) -> list[dict[str, Any]]:
     return rows
 
 
-def live(
-    conn_id: str | None, ref: Mapping[str, Any]
-) -> tuple[Any, list[dict[str, Any]] | None, list[str], list[str]]:
-    """(result, nodes, log tail, notes) read now through the task's connection; what fails is a note."""
-    from trainflow.airflow.hooks import TrainJobHook
+def live(backend: Any, jref: Any) -> tuple[Any, list[dict[str, Any]] | None, list[str], list[str]]:
+    """(result, nodes, log tail, notes) of the task's own job (``task_job.owned``), read now; what fails is a
+    note."""
     from trainflow.core.errors import WaitTimeout
-    from trainflow.core.result import JobRef
 
     notes: list[str] = []
-    jref = JobRef(name=str(ref["name"]), namespace=str(ref.get("namespace") or "default"), uid=ref.get("uid"))
-    backend = TrainJobHook(conn_id).get_backend()
     if backend.is_local:  # the local engine keeps every report: one look replays them into a history
         seen: list[Any] = []
         try:
@@ -121,9 +120,7 @@ def live(
     nodes: list[dict[str, Any]] | None = None
     try:
         nodes = (
-            local_nodes(backend, jref.name)
-            if backend.is_local
-            else kube_nodes(backend, jref.namespace, jref.name)
+            local_nodes(backend, jref) if backend.is_local else kube_nodes(backend, jref.namespace, jref.name)
         )
     except Exception as exc:
         notes.append(f"Nodes not shown: {type(exc).__name__}: {exc}")
@@ -135,11 +132,28 @@ def live(
     return result, nodes, tail, notes
 
 
-def render_page(xcoms: Mapping[str, Any], task: str, now: float | None = None) -> tuple[int, str]:
-    """(HTTP status, HTML) of the page of one task instance, from its XComs (and the cluster while it runs)."""
-    from trainflow.core import job_page
-    from trainflow.core.result import JobState, TrainJobResult
+NOT_ITS_JOB = (
+    "Task {task}: the TrainJob its XCom names is not this task instance's (it does not carry its labels, or "
+    "its connection does not find it). Nothing of it is shown."
+)
+READ_FAILED = (
+    "Task {task} is running. {what}; docs/airflow.md (The TrainJob page) says what the web server needs."
+)
 
+
+def render_page(
+    key: TaskKey, xcoms: Mapping[str, Any], definition: Definition | None, now: float | None = None
+) -> tuple[int, str]:
+    """(HTTP status, HTML) of the page of one task instance: its XCom result once it ended; while it runs, its
+    own TrainJob read live through its definition's connection (``task_job``), never one only an XCom names.
+    ``definition``: ``task_job.task_connection``'s answer (None: no such task instance)."""
+    from trainflow.airflow.hooks import TrainJobHook
+    from trainflow.core import job_page
+    from trainflow.core.result import TrainJobResult
+
+    task = task_label(*key)
+    if definition is None:
+        return 404, _message(f"There is no task instance {task}.")
     final, ref = _final(xcoms), xcoms.get("trainjob")
     if final is not None:
         result = TrainJobResult.from_dict(final)
@@ -147,15 +161,27 @@ def render_page(xcoms: Mapping[str, Any], task: str, now: float | None = None) -
         return 200, job_page.render(result, notes=[note], now=now)
     if not isinstance(ref, dict) or not ref.get("name"):
         return 404, _message(f"Task {task} has no TrainJob (yet): it records one when it submits it.")
-    try:
-        result, nodes, tail, notes = live(ref.get("conn_id"), ref)
-    except Exception as exc:  # no connection, no RBAC, an unreachable server: say so, show what XCom has
-        result = TrainJobResult(
-            name=str(ref["name"]), namespace=str(ref.get("namespace")), state=JobState.CREATED
+    if not definition.known:
+        what = (
+            "Its connection cannot be told from its definition (a template not rendered yet, or a task no longer "
+            "in its DAG), so nothing is read live"
         )
-        reason = f"{type(exc).__name__}: {exc}"
-        note = f"The web server could not read the TrainJob ({reason}); docs/airflow.md says what it needs."
-        return 200, job_page.render(result, notes=[f"Task {task} is running.", note], now=now)
+        return 200, _message(READ_FAILED.format(task=task, what=what))
+    try:  # the connection's own problems (no secret is in them): say which
+        backend = TrainJobHook(definition.conn_id).get_backend()
+    except Exception as exc:
+        what = f"The web server could not use the task's connection ({type(exc).__name__}: {exc})"
+        return 200, _message(READ_FAILED.format(task=task, what=what))
+    try:  # before the job is known to be the task's, an error names only its kind
+        jref = owned(backend, key, str(ref["name"]), str(ref.get("namespace") or backend.namespace))
+        if jref is None:
+            return 403, _message(NOT_ITS_JOB.format(task=task))
+        result, nodes, tail, notes = live(backend, jref)
+        if jref.uid and result.uid and result.uid != jref.uid:  # replaced since its labels were read
+            return 403, _message(NOT_ITS_JOB.format(task=task))
+    except Exception as exc:  # no RBAC, an unreachable server
+        what = f"The web server could not read its TrainJob ({type(exc).__name__})"
+        return 200, _message(READ_FAILED.format(task=task, what=what))
     refresh = None if result.state.terminal else LIVE_REFRESH_SECONDS
     notes = [f"Task {task} is running; read live at {time.strftime('%H:%M:%S')}.", *notes]
     return 200, job_page.render(

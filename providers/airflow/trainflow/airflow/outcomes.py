@@ -82,7 +82,7 @@ class TrainJobOutcomes:
             "namespace": ref.namespace,
             "uid": ref.uid,
             "attempt": attempt,
-            "conn_id": self.conn_id,  # the TrainJob page reads the live job through it
+            "conn_id": self.conn_id,  # for readers; the TrainJob page takes it from the definition (task_job)
         }
         ti = context["ti"]
         ti.xcom_push(key="job_name", value=ref.name)
