@@ -40,17 +40,20 @@ watch_disk() { # the least free space seen, sampled every 10 s, for the summary
 }
 
 # TRAINFLOW_TEST_ALL_STUB=<file> runs the run graph with every step replaced by a sleep ("<step> <seconds>
-# [fail]" lines; unnamed steps take 0 s and pass): tests/unit/test_run_graph.py checks the order of steps.
+# [fail]" lines; unnamed steps take 0 s and pass; "<step> real" runs that step itself):
+# tests/unit/test_run_graph.py checks the order of steps. Issue 39's scenario with the real builds and prune:
+#   printf '%s real\n' build-control-plane build-kueue build-node build-objstore prune-go-cache >/tmp/stub
+#   rm -rf ~/.cache/trainflow-testbed/objstore && TRAINFLOW_TEST_ALL_STUB=/tmp/stub bash scripts/test_all.sh
 STUB="${TRAINFLOW_TEST_ALL_STUB:-}"
 POLL="${TRAINFLOW_TEST_ALL_POLL:-5}"
 stubbed() { # name: the stub's command for that step
-  awk -v n="$1" '$1 == n { printf "sleep %s%s", $2, ($3 == "fail" ? " && false" : ""); f = 1 }
+  awk -v n="$1" '$1 == n { printf "%s", ($2 == "real" ? "real" : "sleep " $2 ($3 == "fail" ? " && false" : "")); f = 1 }
     END { if (!f) printf "true" }' "$STUB"
 }
 step() { # name command... : runs one step, logs it, records its time and result
   local name="$1" s rc; shift
   s=$(date +%s); say "start $name"
-  if [ -n "$STUB" ]; then set -- bash -c "$(stubbed "$name")"; fi
+  if [ -n "$STUB" ] && [ "$(stubbed "$name")" != real ]; then set -- bash -c "$(stubbed "$name")"; fi
   "$@" >"$LOGS/$name.log" 2>&1; rc=$?
   local took=$(( $(date +%s) - s ))
   if [ $rc -eq 0 ]; then
