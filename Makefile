@@ -211,11 +211,11 @@ test-serial: lint typecheck check-components test-fast test-dist test-images e2e
 BENCH_TESTBED := TRAINFLOW_TESTBED_DIR=$${TRAINFLOW_BENCH_TESTBED_DIR:-/tmp/trainflow-bench-run} \
 	TRAINFLOW_TESTBED_PORT_BASE=$${TRAINFLOW_BENCH_PORT_BASE:-27380}
 bench: setup
-	@set -e; export $(BENCH_TESTBED); trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh; \
+	@set -e; export $(BENCH_TESTBED); trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh --objstore; \
 	  $(RUN) python benchmarks/run.py --quick
 
 bench-full: setup
-	@set -e; export $(BENCH_TESTBED); trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh; \
+	@set -e; export $(BENCH_TESTBED); trap 'bash testbed/down.sh' EXIT; bash testbed/up.sh --objstore; \
 	  $(RUN) python benchmarks/run.py --full
 
 demo: setup

@@ -5,7 +5,7 @@
     python benchmarks/run.py --full    # N up to 5,000, 60 s windows, SDK peer up to N = 1,000, and the
                                        # triggerer benchmark at 1,000 deferred tasks (logs flowing; no pods yet)
 
-Needs a running testbed (``TRAINFLOW_TESTBED_DIR``, see testbed/up.sh). The cluster benchmarks run in
+Needs a running testbed (``TRAINFLOW_TESTBED_DIR``, see testbed/up.sh; ``--objstore`` for the artifact benchmark). The cluster benchmarks run in
 their own environment (``~/.cache/trainflow-bench/venv``: the locked core + ``bench`` extra, i.e.
 kubeflow 0.5.0 beside kubernetes 30.1), synced here with ``uv sync --frozen --extra bench``, so that a
 ``uv sync`` of the shared .venv without the extra cannot remove the SDK mid-run. The local-engine and
@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ MODES: dict[str, dict[str, Any]] = {
         "queued": ["--n", "1000", "--window", "15", "--warmup", "5"],
         "local": ["--trivial-runs", "3", "--torch-runs", "1"],
         "parse": ["--runs", "3"],
+        "artifacts": ["--big-mib", "1024", "--files", "1000", "--file-kib", "64"],
         # a real Airflow deployment (Postgres + one triggerer): 100 deferred tasks whose rank-0 logs flow
         "triggerer": ["--n", "100", "--window", "20", "--warmup", "12", "--baseline", "5", "--sample", "30",
                       "--scenarios", "logs"],
@@ -51,6 +53,7 @@ MODES: dict[str, dict[str, Any]] = {
         "queued": ["--n", "1000", "--window", "60", "--warmup", "15", "--baseline", "15"],
         "local": ["--trivial-runs", "10", "--torch-runs", "3"],
         "parse": ["--runs", "9"],
+        "artifacts": ["--big-mib", "1024", "--files", "1000", "--file-kib", "64"],
         # 1,000 deferred tasks, rank-0 logs flowing and jobs without pods yet (~40 min)
         "triggerer": ["--n", "1000", "--window", "60", "--sample", "200"],
     },
@@ -65,6 +68,21 @@ def bench_python() -> str:
         [uv, "sync", "--frozen", "--extra", "bench", "-p", "3.11", "--quiet"], cwd=B.ROOT, env=env, check=True
     )
     return str(BENCH_ENV / "bin" / "python")
+
+
+BOTO3 = (
+    "boto3==1.44.18"  # the peer of s3:// publish and download, in a venv of its own (it pins python-dateutil)
+)
+
+
+def boto3_python() -> str:
+    """A venv with boto3 alone, for the artifact benchmark's peer."""
+    uv = shutil.which("uv") or str(Path.home() / ".local" / "bin" / "uv")
+    venv = BENCH_ENV.parent / "boto3-venv"
+    if not (venv / "bin" / "python").exists():
+        subprocess.run([uv, "venv", "-p", "3.11", "--quiet", str(venv)], check=True)
+    subprocess.run([uv, "pip", "install", "--quiet", "-p", str(venv / "bin" / "python"), BOTO3], check=True)
+    return str(venv / "bin" / "python")
 
 
 def airflow_python() -> str:
@@ -97,7 +115,13 @@ def step(title: str, argv: list[str], timeout: float, log: Path) -> tuple[int, s
     out = proc.stdout
     print(out.rstrip())
     if proc.returncode != 0:
-        print(f"--- {title} failed (rc={proc.returncode}):\n{log.read_text()[-3000:]}", flush=True)
+        free = ", ".join(
+            f"{d} {shutil.disk_usage(d).free / (1 << 30):.1f} GiB"
+            for d in (tempfile.gettempdir(), Path.home())
+        )
+        print(
+            f"--- {title} failed (rc={proc.returncode}; free: {free}):\n{log.read_text()[-3000:]}", flush=True
+        )
     print(f"--- {title}: {time.time() - start:.0f}s", flush=True)
     return proc.returncode, out
 
@@ -177,6 +201,15 @@ def summary_table(res: dict[str, Any]) -> str:
         rows.append(["local", "SDK LocalProcessBackend, same torch job", "-", "SDK local (1 node max)",
                      f"{sdk_local.get('status')} after {sdk_local.get('seconds')} s", "n/a (cannot run offline)"])  # fmt: skip
     rows += triggerer_rows((res.get("triggerer") or {}).get("results", []))
+    art = res.get("artifacts") or {}
+    for case, what in (("big", f"{art.get('big_mib')} MiB file"), ("many", f"{art.get('files')} files")):
+        if case in art:
+            c = art[case]
+            for op in ("upload", "download"):
+                commit = f" (manifest {c['trainflow']['commit_s'] * 1000:.0f} ms)" if op == "upload" else ""
+                rows.append(["artifacts", f"s3:// {op}, {what}, s{commit}", f"{c['trainflow'][op + '_s']:.2f}",
+                             f"boto3 {op}_file", f"{c['boto3'][op + '_s']:.2f}",
+                             f"{c[op + '_ratio']:.2f} (trainflow / boto3)"])  # fmt: skip
     parse = res.get("parse") or {}
     if parse:
         rows.append(["parse", "DAG parse with trainflow, ms (added)", f"{parse['with_ms']:.1f} "
@@ -227,7 +260,7 @@ def main() -> int:
     g.add_argument("--full", action="store_true")
     p.add_argument(
         "--only",
-        default="wait,submit,queued,local,sdk_local,parse,triggerer",
+        default="wait,submit,queued,local,sdk_local,parse,artifacts,triggerer",
         help="comma list of benchmarks",
     )
     p.add_argument("--out", default="/tmp/trainflow-bench-results", help="directory for JSON and logs")
@@ -286,6 +319,14 @@ def main() -> int:
         res["parse"] = parse_figures(text)
         if rc != 0:
             failed.append("parse")
+    if "artifacts" in only:
+        argv = [sys.executable, str(HERE / "artifact_overhead.py"), *cfg["artifacts"], "--peer-python",
+                boto3_python(), "--json", str(out / "artifacts.json")]  # fmt: skip
+        rc, _ = step("s3:// publish and download vs boto3", argv, 3600, out / "artifacts.log")
+        if rc == 0:
+            res["artifacts"] = json.loads((out / "artifacts.json").read_text())
+        else:
+            failed.append("artifacts")
     if "triggerer" in only and "triggerer" in cfg:
         title = "triggerer: N deferred tasks in one real triggerer"
         json_step("triggerer", title, airflow_python(), "triggerer_scale.py", 7200)

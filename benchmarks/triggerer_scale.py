@@ -174,9 +174,9 @@ def measure(impl: str, scenario: str, args: argparse.Namespace, root: Path, api:
 
 def poll_interval(n: int) -> float:
     """How often trainflow reads each log it does not stream, with n followed in one event loop."""
-    from trainflow.core.kube import logfollow as lf
+    from trainflow.core.kube import follow_pace
 
-    return lf.poll_interval(max(0, n - lf.FOLLOW_STREAMS))
+    return follow_pace.poll_interval(max(0, n - follow_pace.FOLLOW_STREAMS))
 
 
 def profile(args: argparse.Namespace, name: str, runner: int) -> list[subprocess.Popen[bytes]]:

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.providers.common.compat.sdk import DAG, Param, task
+try:  # Airflow 3 (common-compat's sdk module is missing where 3.0.6's constraints pin 1.7.3)
+    from airflow.sdk import DAG, Param, task
+except ImportError:  # Airflow 2
+    from airflow.decorators import task
+    from airflow.models.param import Param
+
+    from airflow import DAG
 
 from trainflow.airflow import TrainJobSensor
 

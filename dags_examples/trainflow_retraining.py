@@ -18,7 +18,12 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.providers.common.compat.sdk import DAG, task
+try:  # Airflow 3 (common-compat's sdk module is missing where 3.0.6's constraints pin 1.7.3)
+    from airflow.sdk import DAG, task
+except ImportError:  # Airflow 2
+    from airflow.decorators import task
+
+    from airflow import DAG
 from example_training import train_regression
 
 from trainflow.airflow import TrainJobOperator
@@ -106,7 +111,10 @@ with DAG(
 
     @task.branch
     def better_than_current(metrics: dict) -> str:
-        from airflow.providers.common.compat.sdk import Variable
+        try:
+            from airflow.sdk import Variable
+        except ImportError:  # Airflow 2
+            from airflow.models import Variable
 
         best = Variable.get(BEST_VARIABLE, None)  # the default, positionally: 2.x calls it default_var
         if best is None or metrics["mse"] < float(best):
@@ -119,7 +127,10 @@ with DAG(
     def promote(metrics: dict) -> str:
         import shutil
 
-        from airflow.providers.common.compat.sdk import Variable
+        try:
+            from airflow.sdk import Variable
+        except ImportError:  # Airflow 2
+            from airflow.models import Variable
 
         target = Path(_data_root()).parent / "models" / "regression" / "best"
         target.mkdir(parents=True, exist_ok=True)

@@ -184,7 +184,8 @@ def write_state(
 
 
 def down(L: Layout) -> None:
-    """Stop every process of the instance; in pods mode also undo the node's host changes."""
+    """Stop every process of the instance (in pods mode also undo the node's host changes) and free the disk
+    its data held."""
     if L.pods:
         _pods().down(toolkit, L)
     else:
@@ -192,6 +193,10 @@ def down(L: Layout) -> None:
     for f in (L.state_file, L.kueue_file, L.objstore_file):
         if f.exists():
             f.unlink()
+    # what the next up wipes anyway: etcd's data, the store's objects, scratch; the logs stay for a post-mortem
+    for d in (L.data, L.dir / "tmp", L.dir / "objstore-data"):
+        if d.exists():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def status(L: Layout) -> int:

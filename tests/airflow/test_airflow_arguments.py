@@ -37,7 +37,7 @@ from trainflow.core.validation import validate_request
 
 MAX_EXAMPLES = int(os.environ.get("HYPOTHESIS_MAX_EXAMPLES", "400"))
 RUNTIME = find_runtime(local_catalog(), "torch-distributed")
-VALUE_RULE_FIELDS = (*COUNT_RANGES, "function")  # the rules of validation the parse applies too
+VALUE_RULE_FIELDS = (*COUNT_RANGES, "function", "output_uri")  # the rules of validation the parse applies too
 CONTEXT = {
     "ti": SimpleNamespace(
         dag_id="d",

@@ -162,7 +162,10 @@ def test_missing_connection_falls_back_to_default_backend(
 PARSE_PROBE = """
 import sys
 from datetime import datetime
-from airflow.providers.common.compat.sdk import DAG
+try:
+    from airflow.sdk import DAG
+except ImportError:  # Airflow 2
+    from airflow import DAG
 import trainflow.airflow
 from trainflow.airflow import TrainJobOperator, TrainJobSensor
 with DAG("probe", schedule=None, start_date=datetime(2026, 1, 1)) as dag:
@@ -223,13 +226,12 @@ def test_the_trigger_reads_its_connection_without_a_blocking_call_on_the_event_l
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """On the triggerer's loop, ``Connection.extra_dejson`` (a synchronous call to the supervisor to mask the
-    secrets) can raise ``DeadlockImminentError``: the hook reads through common-compat's async accessors, which
-    await Airflow's own async read where the line has one and run the synchronous one on a worker thread
-    before. Here the synchronous property fails whenever it is called on a thread running an event loop."""
+    secrets) can raise ``DeadlockImminentError``: the hook reads through ``connection_reads``, which awaits
+    Airflow's own async read where the line has one and runs the synchronous one on a worker thread before.
+    Here the synchronous property fails whenever it is called on a thread running an event loop."""
     import asyncio
 
-    from airflow.providers.common.compat.sdk import Connection
-
+    from trainflow.airflow.compat_sdk import Connection
     from trainflow.airflow.hooks import TrainJobHook
     from trainflow.core import InvalidRequest
 

@@ -150,14 +150,20 @@ class Airflow:
         return "\n".join(lines)
 
     def why(self, dag_id: str, run_id: str, task_id: str = "train", map_index: int = -1) -> str:
-        """Why a run did not succeed, in a line: the given task's state, try and first log error, then every
-        other task of the run that did not succeed (an upstream failure leaves the task never tried)."""
+        """Why a run did not succeed, in a line: the tasks that ran and did not succeed first (the cause, with
+        try and first log error), then the given task, then the rest that did not succeed (an upstream failure
+        leaves a task never tried), so a cut message still names the cause."""
         tis = {(t["task_id"], t.get("map_index", -1)): t for t in self.task_instances(dag_id, run_id)}
         ti = tis.get((task_id, map_index)) or self.ti(dag_id, run_id, task_id, map_index)
-        parts = [self._try_line(dag_id, run_id, ti)]
-        for (other, index), t in sorted(tis.items()):
-            if (other, index) != (task_id, map_index) and t.get("state") not in ("success", "skipped"):
-                parts.append(self._try_line(dag_id, run_id, t))
+        others = [
+            t
+            for key, t in sorted(tis.items())
+            if key != (task_id, map_index) and t.get("state") not in ("success", "skipped")
+        ]
+        ran = [t for t in others if int(t.get("try_number") or 0) >= 1]
+        parts = [self._try_line(dag_id, run_id, t) for t in ran]
+        parts.append(self._try_line(dag_id, run_id, ti))
+        parts += [self._try_line(dag_id, run_id, t) for t in others if t not in ran]
         return "; ".join(parts)
 
     def _try_line(self, dag_id: str, run_id: str, ti: dict[str, Any]) -> str:
@@ -170,6 +176,16 @@ class Airflow:
         except AssertionError as err:  # the log endpoint's own refusal, said instead of the log
             return f"{head}: no log ({str(err)[:200]})"
         return f"{head}: {first_error(log)}"
+
+    def state_store(self, dag_id: str, run_id: str, task_id: str, key: str) -> Any:
+        """One entry of a task instance's task state store (Airflow >= 3.3), its value; None when not set."""
+        path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/state-store/{key}"
+        try:
+            return self._call("GET", path)["value"]
+        except AssertionError as err:
+            if f"{path} -> 404" in str(err):
+                return None
+            raise
 
     def links(self, dag_id: str, run_id: str, task_id: str) -> dict[str, str | None]:
         path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/links"

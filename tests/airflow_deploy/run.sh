@@ -71,7 +71,10 @@ case "$SUITE" in
     )
     tests=("$HERE/test_deploy_local.py" "$HERE/test_deploy_kube.py" "$HERE/test_deploy_faults.py"
            "$HERE/test_deploy_kueue.py" "$HERE/test_ui.py" "$HERE/test_trainjob_page.py"
-           "$HERE/test_page_ownership.py")
+           "$HERE/test_page_ownership.py"
+           # the triggerer-restart log test runs in the floor suites (2.11: the database path, 3.0: the
+           # supervisor channel 3.1-3.3 share), off this lane, which ends make test; on 3.3.2 it passed in 134 s
+           --deselect tests/airflow_deploy/test_deploy_local.py::test_a_restarted_triggerer_continues_each_log_where_it_stopped)
     unit=()  # the newest Airflow is the project's own (uv.lock): make test-fast runs these tests on it
     ;;
   floor)
@@ -80,7 +83,8 @@ case "$SUITE" in
     tests=("$HERE/test_floor.py" "$HERE/test_page_ownership.py"
            "$HERE/test_deploy_local.py::test_deferral_through_the_real_triggerer"
            "$HERE/test_deploy_local.py::test_marking_a_deferred_task_failed_deletes_its_trainjob"
-           "$HERE/test_deploy_local.py::test_triggerer_killed_mid_wait_loses_nothing")
+           "$HERE/test_deploy_local.py::test_triggerer_killed_mid_wait_loses_nothing"
+           "$HERE/test_deploy_local.py::test_a_restarted_triggerer_continues_each_log_where_it_stopped")
     # the worker kill on 2.x's own task runner (supervisor and raw process); 3.x's task SDK supervisor is the
     # deploy suite's (3.3), and on 3.0.6 the same test passed in 74 s
     case "$AIRFLOW_MINOR" in 2.*) tests+=("$HERE/test_deploy_local.py::test_worker_killed_then_retry_reattaches") ;; esac

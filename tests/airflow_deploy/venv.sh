@@ -4,8 +4,10 @@
 #   tests/airflow_deploy/venv.sh 3.3 --compile  re-resolve requirements/airflow-3.3.txt from airflow-3.3.in
 # The project's .venv cannot hold these: kfp pins kubernetes<31, cncf.kubernetes needs >=36, and each line needs
 # its own Airflow. Each line resolves under its release's constraints (the offline stand-in in tests/dist/
-# constraints, without its provider pins: providers, common-compat included, are installed as Airflow's
-# "constraints-no-providers" file intends). The venv is keyed by the requirements file and the checkout (it
+# constraints). The floors (2.11, 3.0) take the whole file, provider pins included, as users install: their
+# deployments run the common-compat a user of that release has (1.14.1, 1.7.3). The newer lines drop the
+# provider pins ("constraints-no-providers"): their deployments also hold cncf.kubernetes, the peer the
+# benchmarks measure, at a release its own line did not pin. The venv is keyed by the requirements file and the checkout (it
 # installs the checkout editable), so a change builds a fresh one, two checkouts never test each other's code,
 # and CI and reruns share it (TRAINFLOW_AIRFLOW_VENV_ROOT, default ~/.cache/trainflow).
 set -euo pipefail
@@ -23,10 +25,15 @@ export UV_LINK_MODE="${UV_LINK_MODE:-hardlink}"
 if [ "${2:-}" = "--compile" ]; then
   declare -A RELEASE=([2.11]=2.11.2 [3.0]=3.0.6 [3.1]=3.1.8 [3.2]=3.2.2 [3.3]=3.3.2)
   constraints="$(mktemp)"; trap 'rm -f "$constraints"' EXIT
-  grep -v '^apache-airflow-providers-' "$REPO/tests/dist/constraints/airflow-${RELEASE[$VERSION]}-py3.11.txt" >"$constraints"
+  src="$REPO/tests/dist/constraints/airflow-${RELEASE[$VERSION]}-py3.11.txt"
+  case "$VERSION" in
+    2.11|3.0) cp "$src" "$constraints"; said="airflow-${RELEASE[$VERSION]} constraints" ;;
+    *) grep -v '^apache-airflow-providers-' "$src" >"$constraints"
+       said="airflow-${RELEASE[$VERSION]} constraints without providers" ;;
+  esac
   (cd "$REPO" && "$UV" pip compile -q -p 3.11 -c "$constraints" "tests/airflow_deploy/$REQ_IN" \
     -o "tests/airflow_deploy/$REQ")
-  sed -i "s|-c $constraints|-c <airflow-${RELEASE[$VERSION]} constraints without providers>|" "$HERE/$REQ"
+  sed -i "s|-c $constraints|-c <$said>|" "$HERE/$REQ"
 fi
 
 # keyed by the requirements and by this checkout: the venv holds an editable install of the tree that built it

@@ -98,11 +98,22 @@ for module in sys.argv[1].split(","):
     except Exception as exc:
         out["modules"][module] = f"{type(exc).__name__}: {exc}"
 if all(v == "ok" for v in out["modules"].values()):
+    import asyncio, importlib.metadata as md
+    from trainflow.airflow import compat_sdk
     from trainflow.airflow.hooks import TrainJobHook
+    out["common_compat"] = md.version("apache-airflow-providers-common-compat")
+    out["names"] = {}
+    for name in compat_sdk.WHERE:  # through the installed common-compat, and through trainflow's own table
+        for via in (True, False):
+            try:
+                compat_sdk.resolve(name, through_common_compat=via)
+            except Exception as exc:
+                out["names"][f"{name} (common-compat: {via})"] = f"{type(exc).__name__}: {exc}"
     for conn_id in sys.argv[2:]:
         hook = TrainJobHook(conn_id)
         name, kwargs = hook.backend_config()
-        out["connections"].append([name, sorted(kwargs), hook.test_connection() if name == "local" else None])
+        same = asyncio.run(hook.aconnection_extra()) == hook.connection_extra()  # the triggerer's read
+        out["connections"].append([name, sorted(kwargs), hook.test_connection() if name == "local" else None, same])
 print("PROBE " + json.dumps(out))
 """
 
@@ -126,7 +137,12 @@ def _check_airflow(case: Case, python: Path, tmp_path: Path) -> None:
     assert probe["airflow"] == case.airflow
     broken = {m: why for m, why in probe["modules"].items() if why != "ok"}
     assert not broken, f"trainflow's provider does not import on Airflow {case.airflow}: {broken}"
-    for example, (name, kwargs, tested) in zip(examples, probe["connections"], strict=True):
+    assert not probe["names"], f"moved names that do not resolve on Airflow {case.airflow}: {probe['names']}"
+    pinned = next(ln.split("==")[1] for ln in (CONSTRAINTS / str(case.constraints)).read_text().splitlines()
+                  if ln.startswith("apache-airflow-providers-common-compat=="))  # fmt: skip
+    assert probe["common_compat"] == pinned, (probe["common_compat"], pinned)  # the constraints' own pin
+    for example, (name, kwargs, tested, same) in zip(examples, probe["connections"], strict=True):
+        assert same, f"the async read of {example} differs from the synchronous one"
         extra = json.loads(example)["extra"]
         assert name == extra["backend"], (example, name)
         assert sorted(_CONN_FIELDS[k] for k in extra if k != "backend") == kwargs, (example, kwargs)
@@ -143,14 +159,8 @@ def test_built_wheel_installs_and_works(case: Case, tmp_path: Path) -> None:
     spec = f"trainflow[{case.extra}] @ {wheel.as_uri()}" if case.extra else f"trainflow @ {wheel.as_uri()}"
     install = [_uv(), "pip", "install", "-q", "--python", str(python), spec, *case.pins]
     if case.constraints:
-        # without the provider pins, as Airflow's constraints-no-providers file: providers (common-compat, which
-        # the provider needs at 1.23+) are installed at their own versions
-        lines = (CONSTRAINTS / case.constraints).read_text().splitlines()
-        no_providers = tmp_path / "constraints-no-providers.txt"
-        no_providers.write_text(
-            "\n".join(ln for ln in lines if not ln.startswith("apache-airflow-providers-"))
-        )
-        install += ["-c", str(no_providers)]
+        # the release's whole constraints file, provider pins included, as MWAA, Composer and most images use it
+        install += ["-c", str(CONSTRAINTS / case.constraints)]
     _run(install, tmp_path)
     installed = time.monotonic() - started
 

@@ -415,3 +415,22 @@ def delete_cluster_role_bindings(testbed: Testbed, names: list[str]) -> None:
     rbac = client.RbacAuthorizationV1Api(testbed.api_client)
     for name in names:
         rbac.delete_cluster_role_binding(name)
+
+
+@pytest.fixture(scope="module")
+def store(testbed: Testbed) -> dict[str, str]:
+    info = testbed.state.get("objstore")
+    if not info:
+        pytest.fail("the testbed has no object store: start it with `bash testbed/up.sh --objstore`")
+    creds = json.loads(Path(info["credentials_file"]).read_text())
+    return {
+        "bucket": info["bucket"],
+        "AWS_ENDPOINT_URL": info["endpoint"],
+        "AWS_REGION": info["region"],
+        "AWS_ACCESS_KEY_ID": creds["access_key_id"],
+        "AWS_SECRET_ACCESS_KEY": creds["secret_access_key"],
+    }
+
+
+def env_of(store: dict[str, str], **override: str) -> dict[str, str]:
+    return {**{k: v for k, v in store.items() if k.startswith("AWS_")}, **override}

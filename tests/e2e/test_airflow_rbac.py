@@ -138,6 +138,9 @@ def test_worker_submits_and_reads_logs_triggerer_waits_and_follows(
     worker = _backend(identities["airflow-worker"], namespace)
     triggerer = _backend(identities["airflow-triggerer"], namespace)
     try:
+        # the shipped RBAC reads the TrainJob CRD (that one only): the served schema checks the request
+        picture = worker.schema_picture()
+        assert picture is not None and "the cluster serves" in picture.source, picture
         ref = worker.submit(_request("rbac/complete", "15s"))
         assert worker.submit(_request("rbac/complete", "15s")).uid == ref.uid  # a retried task reattaches
         followed: list[str] = []

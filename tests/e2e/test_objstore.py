@@ -11,32 +11,13 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from conftest import env_of
 from trainflow.core import InvalidRequest, JobState, get_backend, storage
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def store(testbed: Any) -> dict[str, str]:
-    info = testbed.state.get("objstore")
-    if not info:
-        pytest.fail("the testbed has no object store: start it with `bash testbed/up.sh --objstore`")
-    creds = json.loads(Path(info["credentials_file"]).read_text())
-    return {
-        "bucket": info["bucket"],
-        "AWS_ENDPOINT_URL": info["endpoint"],
-        "AWS_REGION": info["region"],
-        "AWS_ACCESS_KEY_ID": creds["access_key_id"],
-        "AWS_SECRET_ACCESS_KEY": creds["secret_access_key"],
-    }
-
-
-def env_of(store: dict[str, str], **override: str) -> dict[str, str]:
-    return {**{k: v for k, v in store.items() if k.startswith("AWS_")}, **override}
 
 
 def test_upload_and_download_round_trip_every_file(store: dict[str, str], tmp_path: Path) -> None:
@@ -63,13 +44,15 @@ def test_store_faults_are_clear_errors_without_the_credential(store: dict[str, s
         storage.download(uri, tmp_path / "a", env_of(store, AWS_SECRET_ACCESS_KEY=wrong))
     assert "SignatureDoesNotMatch" in str(info.value) and uri in str(info.value)
     assert wrong not in str(info.value) and store["AWS_SECRET_ACCESS_KEY"] not in str(info.value)
-    with pytest.raises(storage.StorageError, match=r"no object under .*: check the URI"):
+    with pytest.raises(
+        storage.StorageError, match=r"no trainflow manifest at .*-missing/trainflow-manifest.json"
+    ):
         storage.download(f"{uri}-missing", tmp_path / "b", env_of(store))
     t0 = time.monotonic()
     with pytest.raises(storage.StorageError, match=r"127\.0\.0\.1:9"):
         storage.download(uri, tmp_path / "c", env_of(store, AWS_ENDPOINT_URL="http://127.0.0.1:9"))
     assert time.monotonic() - t0 < 60  # a refused connection is retried a bounded number of times
-    with pytest.raises(storage.StorageError, match="is not s3://bucket/prefix"):
+    with pytest.raises(storage.StorageError, match="use s3://bucket/prefix"):
         storage.download("s3://", tmp_path / "d", env_of(store))
 
 

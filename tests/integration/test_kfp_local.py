@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -249,11 +250,14 @@ op(**json.loads(sys.argv[2]))
 
 
 def step_kwargs(home: Path, pids: Path, on_cancel: str, sleep: float) -> dict[str, Any]:
-    """A 2-node job whose trainers record their pids, then sleep."""
+    """A 2-node job whose trainers record their pids, then sleep ``sleep`` seconds or until the file ``release``
+    appears in ``pids``."""
     code = (
         "import os, time; "
         f"open(os.path.join({str(pids)!r}, 'pid-%d' % os.getpid()), 'w').write(str(os.getpid())); "
-        f"time.sleep({sleep})"
+        f"end = time.monotonic() + {sleep}\n"
+        f"while time.monotonic() < end and not os.path.exists(os.path.join({str(pids)!r}, 'release')):\n"
+        "    time.sleep(0.2)"
     )
     return dict(
         runtime="torch-distributed",
@@ -290,11 +294,12 @@ def _start_step(
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group, like a step container signalled as a whole
     )
-    deadline = time.monotonic() + 120
+    started, deadline = time.monotonic(), time.monotonic() + 120
     while len(list(pids.glob("pid-*"))) < 2:  # both trainer nodes are running
         assert proc.poll() is None, log.read_text()
         assert time.monotonic() < deadline, log.read_text()
         time.sleep(0.2)
+    (pids / "started-in").write_text(str(time.monotonic() - started))  # the step's measured start-up
     return proc, pids, log, kwargs
 
 
@@ -334,8 +339,13 @@ def test_restarted_step_reattaches_to_the_running_trainjob(
     env: dict[str, Any], tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     home = env["home"]
-    # the trainers run long enough for the restarted step (kfp.local start-up, loaded machine) to find them running
-    proc, pids, _log, kwargs = _start_step(tmp_path, home, "delete", sleep=20)
+    proc, pids, _log, kwargs = _start_step(tmp_path, home, "delete")
+    # the trainers run until released: 4x the first step's measured start-up after the restarted one begins,
+    # so that one (kfp.local start-up, as slow on a loaded machine) finds them running
+    release_after = 4 * float((pids / "started-in").read_text()) + 5
+    timer = threading.Timer(release_after, (pids / "release").touch)
+    timer.daemon = True
+    timer.start()
     os.killpg(proc.pid, signal.SIGKILL)  # the step's pod is lost: no chance to cancel anything
     proc.wait(timeout=30)
     (jobdir,) = job_dirs(home)

@@ -147,7 +147,8 @@ def _env_example() -> tuple[dict[str, Any], list[dict[str, Any]]]:
 def test_each_env_entry_names_its_own_field() -> None:
     manifest, env = _env_example()
     named = [request_field(f"spec.trainer.env[{i}].name", manifest) for i in range(len(env))]
-    assert named == ["env.A", "secret_env.HF_TOKEN", "output_uri"]
+    # the s3:// output's job identity (fieldRefs) is trainflow's, named by output_uri
+    assert named == ["env.A", "secret_env.HF_TOKEN", "output_uri", "output_uri", "output_uri", "output_uri"]
     # trainflow's own patch comes first; the user's first patch is runtime_patches[0]
     assert request_field("spec.runtimePatches[1].trainingRuntimeSpec", manifest) == (
         "runtime_patches[0].trainingRuntimeSpec"

@@ -91,3 +91,29 @@ def test_will_restart_follows_the_restart_policy() -> None:
     assert not will_restart(_terminated(2, policy="Never"), "node")
     assert not will_restart(_terminated(2, phase="Failed"), "node")
     assert will_restart(_terminated(0, policy="Always"), "node")
+
+
+def test_a_restored_position_copies_only_what_came_after_it() -> None:
+    """A log read again from a little before the saved position (sinceSeconds rounds up, with margin) gives each
+    line once: older timestamps are skipped, and at the last one only lines not copied yet pass."""
+    from trainflow.core.kube.logs import Resume
+
+    log = [
+        "2026-12-06T02:00:00.100000000Z step 1",
+        "2026-12-06T02:00:00.200000000Z step 2",
+        "2026-12-06T02:00:00.200000000Z step 2b",  # two lines at one timestamp: one copied before the stop
+        "2026-12-06T02:00:00.200000000Z step 3",
+        "2026-12-06T02:00:01.000000000Z step 4",
+    ]
+    first = Resume()
+    copied = [first.fresh(line) for line in log[:3]]
+    saved = first.position("pod-a")
+    assert saved["pod"] == "pod-a" and len(saved["at"]) == 2, saved
+    again = Resume()
+    again.restore(saved, "pod-a")
+    assert again.since_seconds() is not None  # the first read asks only for the recent part of the log
+    copied += [again.fresh(line) for line in log]
+    assert [c for c in copied if c is not None] == ["step 1", "step 2", "step 2b", "step 3", "step 4"]
+    other = Resume()
+    other.restore(saved, "pod-b")  # another pod (the step's pod was replaced): its log from the start
+    assert other.since_seconds() is None and other.fresh(log[0]) == "step 1"

@@ -297,11 +297,11 @@ def test_a_wait_copies_rank0s_log_as_the_job_runs(fake, backend, mode):
 def test_past_the_stream_slots_a_log_is_polled_on_the_shared_connections(fake, backend, monkeypatch):
     """With every stream slot taken (none here), the wait reads the new lines now and then, and once more at
     the end, each line once."""
-    from trainflow.core.kube import logfollow
+    from trainflow.core.kube import follow_pace
     from trainflow.core.logsink import LogSink
 
-    monkeypatch.setattr(logfollow, "FOLLOW_STREAMS", 0)
-    monkeypatch.setattr(logfollow, "POLL_SECONDS", 0.3)
+    monkeypatch.setattr(follow_pace, "FOLLOW_STREAMS", 0)
+    monkeypatch.setattr(follow_pace, "POLL_SECONDS", 0.3)
     fake.add("pl")
     now = time.time()
     fake.log_lines = [(now - 5 + i * 0.5, f"line {i + 1}") for i in range(3)]
@@ -365,11 +365,11 @@ def test_a_polled_log_is_read_line_by_line_each_line_once(fake, backend, monkeyp
     """A poll reads everything written since the last line seen off the response, a line at a time (no
     limitBytes, whose cut inside a line would tear it): thousands of lines, a burst just before the end, each
     line once and whole."""
-    from trainflow.core.kube import logfollow
+    from trainflow.core.kube import follow_pace
     from trainflow.core.logsink import LogSink
 
-    monkeypatch.setattr(logfollow, "FOLLOW_STREAMS", 0)
-    monkeypatch.setattr(logfollow, "POLL_SECONDS", 0.3)
+    monkeypatch.setattr(follow_pace, "FOLLOW_STREAMS", 0)
+    monkeypatch.setattr(follow_pace, "POLL_SECONDS", 0.3)
     fake.add("big")
     now = time.time()
     fake.log_lines = [(now - 60 + i * 0.01, f"line {i + 1:04d} " + "x" * 200) for i in range(5000)]

@@ -47,6 +47,9 @@ class MemoryBackend:
     ) -> Any:
         return find_runtime(local_catalog(), name, kind)
 
+    def schema_picture(self) -> None:
+        return None
+
     def find(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         return [
             copy.deepcopy(o)
@@ -255,3 +258,50 @@ def test_a_deleted_attempt_one_with_a_later_attempt_running_is_found_by_a_retry(
     again = launch(backend, REQUEST)
     assert backend.requests == ["list"]
     assert (again.ref.name, again.attempt, again.adopted) == (second.ref.name, 2, True)
+
+
+def test_a_recorded_running_trainjob_is_reattached_by_name_without_a_list() -> None:
+    """Airflow 3.3's task state store names the earlier try's TrainJob: one read, no LIST, the same reattach."""
+    be = CountingBackend()
+    first = launch(be, REQUEST, first_try=True)
+    be.set_status(first.ref.name, RUNNING)
+    again = launch(be, REQUEST, recorded=first.ref)
+    assert (again.ref, again.adopted, again.recorded, again.attempt) == (first.ref, True, True, 1)
+    assert be.requests == ["create", "get"], be.requests
+    assert again.summary.endswith("(attempt 1, as an earlier try recorded it)"), again.summary
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["completed", "failed", "deleted", "replaced", "other identity"],
+)
+def test_a_recorded_trainjob_the_rule_would_not_reattach_goes_to_the_full_rule(change: str) -> None:
+    """Whatever happened to the recorded TrainJob, launching with the record decides as launching without it:
+    the same TrainJob, attempt and adoption, found by the LIST the record would have saved."""
+    outcomes = []
+    for use_record in (False, True):
+        be = CountingBackend()
+        first = launch(be, REQUEST, first_try=True)
+        name = first.ref.name
+        if change == "completed":
+            be.set_status(name, DONE)
+        elif change == "failed":
+            be.set_status(name, FAILED)
+        elif change == "deleted":
+            be.cancel(first.ref)
+        elif change == "replaced":  # deleted and created again (by another try or a user): a new uid
+            be.cancel(first.ref)
+            launch(be, REQUEST, first_try=True)
+            be.set_status(name, RUNNING)
+        else:  # the name now holds a TrainJob of another identity: never adopted through the record
+            be.jobs[name]["metadata"]["labels"]["trainflow.dev/key"] = "someone-else"
+            be.set_status(name, RUNNING)
+        lists = be.requests.count("list")
+        try:
+            out = launch(be, REQUEST, recorded=first.ref if use_record else None)
+        except TrainJobConflict as exc:
+            outcomes.append(("conflict", str(exc)))
+            continue
+        assert not out.recorded and be.requests.count("list") == lists + 1, (change, out)
+        outcomes.append((out.ref.name, out.attempt, out.adopted, out.reused, tuple(be.creates)))
+    assert outcomes[0] == outcomes[1], (change, outcomes)

@@ -165,7 +165,10 @@ def test_local_path(uri: str, expected: str | None) -> None:
 
 def test_output_uri(tmp_path: Path) -> None:
     plan = plan_for({"command": ["x"], "output_uri": "file:///tmp/models/run1"}, tmp_path)
-    assert plan["output_dir"] == "/tmp/models/run1" and plan["output_uri"] == "file:///tmp/models/run1"
+    # a local path: staged in the job's own directory, published there by the supervisor when the job completes
+    assert plan["output_uri"] == "file:///tmp/models/run1" and plan["output_target"] == "/tmp/models/run1"
+    assert plan["output_dir"] == str(tmp_path / "job" / "output-staging")
+    assert policies.output_env(plan, 1, {})["TRAINFLOW_OUTPUT_STAGING"] == plan["output_dir"]  # every node's
     # s3://: staged in the job's own directory, the URI kept for publish_output()
     plan = plan_for({"command": ["x"], "output_uri": "s3://bucket/m"}, tmp_path)
     assert plan["output_uri"] == "s3://bucket/m"

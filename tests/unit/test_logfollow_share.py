@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from trainflow.core.kube import logfollow
+from trainflow.core.kube import follow_pace, logfollow
 from trainflow.core.kube.logs import Resume, StepTarget
 from trainflow.core.logsink import LogSink
 
@@ -29,15 +29,15 @@ class OneLine:
 
 def test_poll_interval_grows_past_the_loops_poll_budget() -> None:
     async def intervals(polled: int) -> list[float]:
-        state = logfollow._state()
+        state = follow_pace.loop_state()
         state.polled = polled
         return [state.poll_interval() for _ in range(200)]
 
     few = asyncio.run(intervals(10))
-    assert min(few) >= logfollow.POLL_SECONDS * 0.8 and max(few) <= logfollow.POLL_SECONDS * 1.2
+    assert min(few) >= follow_pace.POLL_SECONDS * 0.8 and max(few) <= follow_pace.POLL_SECONDS * 1.2
     many = asyncio.run(intervals(1000))
-    expected = 1000 / logfollow.POLLS_PER_SECOND
-    assert expected > logfollow.POLL_SECONDS
+    expected = 1000 / follow_pace.POLLS_PER_SECOND
+    assert expected > follow_pace.POLL_SECONDS
     assert min(many) >= expected * 0.8 and max(many) <= expected * 1.2
 
 
@@ -45,8 +45,8 @@ def test_last_read_of_an_ended_wait_does_not_queue_behind_the_polls() -> None:
     """Every poll slot taken (a thousand polled logs): the final read still runs, and copies its line."""
 
     async def scenario() -> tuple[bool, list[str], bool]:
-        state = logfollow._state()
-        for _ in range(logfollow.READS_AT_ONCE):
+        state = follow_pace.loop_state()
+        for _ in range(follow_pace.READS_AT_ONCE):
             await state.reads.acquire()
         lines: list[str] = []
         sink = LogSink(lambda step, text: lines.append(text))

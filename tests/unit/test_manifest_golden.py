@@ -81,4 +81,5 @@ def test_schema_check_rejects_unknown_and_mistyped_fields() -> None:
     }
     errors = dict(schema_errors(bad))
     assert "spec.trainer.numNodes" in errors
-    assert "numNode" in errors["spec.trainer"]
+    # the unknown field is named by its own path, as the API server's strict field validation names it
+    assert "unknown field 'numNode'" in errors["spec.trainer.numNode"]

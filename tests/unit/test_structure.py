@@ -179,6 +179,10 @@ LAYERS: list[tuple[str, list[str]]] = [
             "core/naming.py",
             "core/reporting.py",
             "core/storage.py",
+            "core/storage_errors.py",
+            "core/artifact.py",
+            "core/output_uri.py",
+            "core/publish.py",
             "core/hf.py",
             "core/tune.py",
         ],
@@ -223,6 +227,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "adapters",
         [
             "core/cli.py",
+            "core/cli_output.py",
             "core/cli_progress.py",
             "core/cli_request.py",
             "core/requestfile.py",

@@ -44,7 +44,7 @@ _EXPORTS = {
     "parse_request": "validation",
     "report": "reporting",
     "output_dir": "reporting",
-    "publish_output": "storage",
+    "publish_output": "publish",
     "download": "storage",
     "StorageError": "storage",
 }
@@ -104,11 +104,12 @@ if TYPE_CHECKING:
     from trainflow.core.history import History, HistoryPoint
     from trainflow.core.lifecycle import Launch, launch, render
     from trainflow.core.manifest import build_trainjob, identity_labels, job_name
+    from trainflow.core.publish import publish_output
     from trainflow.core.reporting import output_dir, report
     from trainflow.core.request import PvcVolume, Resources, SecretKeyRef, TrainJobRequest
     from trainflow.core.result import JobRef, JobState, TrainJobResult, result_from_trainjob
     from trainflow.core.runtimes import Runtime, local_catalog
-    from trainflow.core.storage import StorageError, download, publish_output
+    from trainflow.core.storage import StorageError, download
     from trainflow.core.validation import parse_request
 
 

@@ -7,13 +7,16 @@ A backend does the I/O; the rules sit above it: ``lifecycle`` (identity, attempt
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from trainflow.core.logsink import LogSink
 from trainflow.core.observe import UpdateCallback
 from trainflow.core.request import TrainJobRequest
 from trainflow.core.result import JobRef, TrainJobResult
 from trainflow.core.runtimes import Runtime
+
+if TYPE_CHECKING:
+    from trainflow.core.schema import Picture as SchemaPicture
 
 BackendName = Literal["kubernetes", "local"]
 
@@ -34,6 +37,10 @@ class Backend(Protocol):
         self, name: str, kind: str = "ClusterTrainingRuntime", namespace: str | None = None
     ) -> Runtime:
         """One runtime by name; ``RuntimeNotFound`` when it does not exist."""
+
+    def schema_picture(self) -> SchemaPicture | None:
+        """The TrainJob schema this backend's API checks creates against, when it can be read; None: the
+        vendored one applies."""
 
     # --- the primitives ``lifecycle.launch`` builds on -------------------------------------------------
     def find(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:

@@ -16,9 +16,8 @@ from importlib import metadata
 from typing import Any
 
 import click
-import yaml
 
-from trainflow.core import cli_progress
+from trainflow.core import cli_output, cli_progress
 from trainflow.core.backend import Backend, get_backend
 from trainflow.core.charts import duration
 from trainflow.core.cli_request import BadInput, collect, request_options
@@ -35,6 +34,7 @@ from trainflow.core.errors import (
 )
 from trainflow.core.lifecycle import launch
 from trainflow.core.result import JobRef, TrainJobResult
+from trainflow.core.schema import describe as schema_line
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -51,13 +51,6 @@ def _backend(ctx: click.Context) -> Backend:
 
         check_reachable(backend.cluster)  # type: ignore[attr-defined]
     return backend
-
-
-def _emit(data: Any, fmt: str) -> None:
-    if fmt == "json":
-        click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
-    else:
-        click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
 
 
 def _describe(result: TrainJobResult) -> str:
@@ -86,13 +79,6 @@ def _describe(result: TrainJobResult) -> str:
     return "\n".join(f"{k + ':':10} {v}" for k, v in rows if v)
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines)
-
-
 def _wait_and_report(
     backend: Backend,
     ref: JobRef | str,
@@ -104,7 +90,7 @@ def _wait_and_report(
 ) -> TrainJobResult:
     result = cli_progress.wait_live(backend, ref, timeout, follow=follow, chart=chart, metrics=metrics)
     if fmt:
-        _emit(result.to_dict(), fmt)
+        cli_output.emit(result.to_dict(), fmt)
     return result
 
 
@@ -187,7 +173,7 @@ def cli(ctx: click.Context, /, **opts: Any) -> None:
 @click.pass_context
 def render(ctx: click.Context, /, fmt: str | None, **kw: Any) -> None:
     """Print the TrainJob manifest for a request; creates nothing."""
-    _emit(_backend(ctx).render(collect(kw)), fmt or "yaml")
+    cli_output.emit(_backend(ctx).render(collect(kw)), fmt or "yaml")
 
 
 @cli.command()
@@ -234,7 +220,7 @@ def status(ctx: click.Context, name: str, watch: bool, fmt: str | None) -> None:
     backend = _backend(ctx)
     result = cli_progress.wait_live(backend, name, None) if watch else backend.get(name)
     if fmt:
-        _emit(result.to_dict(), fmt)
+        cli_output.emit(result.to_dict(), fmt)
     else:
         click.echo(_describe(result))
 
@@ -330,7 +316,7 @@ def list_jobs(ctx: click.Context, label: tuple[str, ...], fmt: str | None) -> No
         raise BadInput("--label: expected KEY=VALUE")
     results = _backend(ctx).list(labels or None)
     if fmt:
-        _emit([r.to_dict() for r in results], fmt)
+        cli_output.emit([r.to_dict() for r in results], fmt)
         return
     rows = [
         [
@@ -343,20 +329,22 @@ def list_jobs(ctx: click.Context, label: tuple[str, ...], fmt: str | None) -> No
         ]
         for r in results
     ]
-    click.echo(_table(["name", "state", "reason", "runtime", "attempt", "duration"], rows))
+    click.echo(cli_output.table(["name", "state", "reason", "runtime", "attempt", "duration"], rows))
 
 
 @cli.command()
 @_output_option
 @click.pass_context
 def runtimes(ctx: click.Context, fmt: str | None) -> None:
-    """List training runtimes (framework, ML policy, steps)."""
-    items = [r.summary() for r in _backend(ctx).runtimes()]
+    """List training runtimes (framework, ML policy, steps); on stderr, the TrainJob schema requests meet."""
+    backend = _backend(ctx)
+    click.echo(schema_line(backend.schema_picture()), err=True)
+    items = [r.summary() for r in backend.runtimes()]
     if fmt:
-        _emit(items, fmt)
+        cli_output.emit(items, fmt)
         return
     rows = [[i["name"], i["kind"], i["framework"] or "", i["policy"] or ""] for i in items]
-    click.echo(_table(["name", "kind", "framework", "policy"], rows))
+    click.echo(cli_output.table(["name", "kind", "framework", "policy"], rows))
 
 
 def main(argv: list[str] | None = None) -> int:

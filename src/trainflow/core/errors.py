@@ -138,6 +138,8 @@ class PermissionDenied(BackendError):
 class CorruptState(BackendError):
     """A local job's state file is unreadable (truncated, not JSON, wrong shape); cancelling removes the job."""
 
+    reason = "StateCorrupted"
+
 
 class AlreadyExists(BackendError):
     """A create found the name taken (HTTP 409): the caller looks at what exists before doing anything."""

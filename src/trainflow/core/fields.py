@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from trainflow.core.artifact import JOB_ENV
 from trainflow.core.naming import (
     ATTEMPT_LABEL,
     KEY_LABEL,
@@ -74,6 +75,12 @@ def request_field(
     path = path.strip()
     if not path.startswith(("spec.", "metadata.")) or path == "spec.runtimeRef.apiGroup":
         return "request"  # the object's frame (apiVersion, kind, the schema check's "(root)"), not a field
+    if (
+        request is not None
+        and path.startswith("spec.")
+        and _patched(path.removeprefix("spec."), request.spec_patch)
+    ):
+        return f"spec_patch.{path.removeprefix('spec.')}"
     if match := _PATCH.match(path):
         return _patch_field(int(match["index"]), match["rest"], manifest)
     if path.startswith(("spec.trainer.", "spec.trainer[")):
@@ -85,7 +92,22 @@ def request_field(
     rest = path.removeprefix("spec.")
     if rest.startswith("runtimeRef.kind"):
         return "runtime_kind"
-    return _SPEC.get(_head(rest), path)
+    # a spec field trainflow never renders can only have come from the raw spec patch
+    return _SPEC.get(_head(rest), f"spec_patch.{rest}")
+
+
+def _patched(rest: str, patch: Mapping[str, Any]) -> bool:
+    """Whether ``spec_patch`` set the spec path ``rest`` (or a parent of it)."""
+    node: Any = patch
+    for part in re.split(r"\.|\[\d+\]", rest):
+        if not part:
+            continue
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+        if not isinstance(node, Mapping):
+            return True
+    return node is not patch
 
 
 def request_fields(path: str, manifest: Mapping[str, Any] | None, text: str) -> list[str]:
@@ -155,7 +177,7 @@ def _trainer_field(rest: str, manifest: Mapping[str, Any] | None, request: Train
         if not isinstance(item, Mapping):
             return "env"
         name = str(item.get("name"))
-        if name == OUTPUT_ENV:
+        if name == OUTPUT_ENV or name in JOB_ENV.values():
             return "output_uri"
         return f"{'secret_env' if 'valueFrom' in item else 'env'}.{name}"
     if head == "command" and indexed:

@@ -3,8 +3,9 @@
 A function that starts with ``/workspace/dataset`` or ``/workspace/model`` present and empty fails at once: the
 initializer found nothing to download (Trainer v2.3.0's S3 initializer succeeds on a missing prefix).
 
-An ``s3://`` output that the function staged in ``output_dir()`` is uploaded on rank 0 once it returns
-(``storage.publish_output``), before its return value is printed: a step that sees the value finds the model.
+An ``s3://`` output that the function staged in ``output_dir()`` is published once it returns
+(``publish.publish_output``), before its return value is printed: a step that sees the value finds the model. On
+several torch nodes every node's files are published and node 0 commits them as one model (docs/artifacts.md).
 
 The function's return value comes back the way metrics do, through rank 0's log: rank 0 prints it as one
 ``TRAINFLOW_RETURN <json>`` line (at most ``MAX_RETURN_BYTES``) and a wait that ends reads it from the log's
@@ -30,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trainflow.core.errors import FieldIssue, InvalidRequest
-from trainflow.core.reporting import MAX_RETURN_BYTES, RANK_VARS, RETURN_PREFIX
+from trainflow.core.reporting import MAX_RETURN_BYTES, OUTPUT_ENV, RANK_VARS, RETURN_PREFIX
 
 if TYPE_CHECKING:  # not at run time: this module stays loadable alone (no pydantic), on any Python
     from trainflow.core.request import TrainJobRequest
@@ -57,16 +58,21 @@ for _tf_kind in ("dataset", "model"):
         raise SystemExit("trainflow: the %s-initializer left %s empty: no object under %s_uri, or every one "
                          "matched its ignore_patterns; check the URI" % (_tf_kind, _tf_dir, _tf_kind))
 def _tf_return(value):
+    _tf_rep = _tf_sys.modules.get("trainflow.core.reporting")
+    _tf_nodes = _tf_os.environ.get("PET_NNODES", "1").strip() not in ("", "0", "1")
+    _tf_s3 = _tf_os.environ.get("{OUTPUT_ENV}", "").lower().startswith("s3://")
+    if _tf_nodes and _tf_s3 and _tf_rep is None:
+        import importlib.util as _tf_util
+        _tf_s3 = _tf_util.find_spec("trainflow") is not None
+    if (_tf_rep is not None and getattr(_tf_rep, "output_staged", lambda: False)()) or (_tf_nodes and _tf_s3):
+        from trainflow.core.publish import publish_output as _tf_publish
+        _tf_publish(every_node=True)  # rank 0 alone on one node; each node's local rank 0 on several
     for _tf_var in {RANK_VARS!r}:
         _tf_rank = _tf_os.environ.get(_tf_var, "").strip()
         if _tf_rank:
             if _tf_rank != "0":
                 return
             break
-    _tf_rep = _tf_sys.modules.get("trainflow.core.reporting")
-    if _tf_rep is not None and getattr(_tf_rep, "output_staged", lambda: False)():
-        from trainflow.core.storage import publish_output as _tf_publish
-        _tf_publish()
     if value is None:
         return
     try:

@@ -8,16 +8,16 @@ ACCESS_KEY_ID and SECRET_ACCESS_KEY (s3). Settings are named as the Kubeflow SDK
 
 from __future__ import annotations
 
-import re
 from typing import Any
 from urllib.parse import urlparse
 
+from trainflow.core import output_uri
 from trainflow.core.errors import FieldIssue
 from trainflow.core.request import InitializerOption, SecretKeyRef, TrainJobRequest
 from trainflow.core.runtimes import Runtime
 
-URI_CREDENTIALS = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*:[^/?#@]*@")
-STORAGE_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://.+$")
+URI_CREDENTIALS = output_uri.URI_CREDENTIALS
+STORAGE_URI = output_uri.URI
 SCHEMES = {"dataset": ("hf", "s3", "cache"), "model": ("hf", "s3")}
 STEPS = {"dataset": "dataset-initializer", "model": "model-initializer"}
 STORAGE_URI_ENV = "STORAGE_URI"

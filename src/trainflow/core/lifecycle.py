@@ -23,6 +23,11 @@ without identity, for a fixed name without a key (the name is the whole identity
 the create itself), and when the caller says this is the identity's first try (``first_try``: an Airflow
 task's try 1). A launch that may follow earlier tries lists first, so a later attempt still running is found
 even when attempt 1 was deleted (creating attempt 1 again would then run the request twice).
+
+A recorded TrainJob first: a caller that kept the identity of its last TrainJob (Airflow 3.3's task state
+store, ``recorded``) has it read by name before anything is listed. It is reattached only when it is still the
+same object (uid), carries this request's identity labels and is still running, as the rule above would
+decide over it; anything else (gone, replaced, finished) goes on to the full rule, so both paths adopt alike.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ class Launch:
     previous: tuple[TrainJobResult, ...] = ()
     dry_run: bool = False
     runtime: Runtime | None = field(default=None, compare=False, repr=False)
+    recorded: bool = False  # found through the caller's record of an earlier try, not by listing
 
     @property
     def reused(self) -> bool:
@@ -87,7 +93,8 @@ class Launch:
         if self.reused:
             return f"TrainJob {self.ref} already completed: returning its result without resubmitting"
         if self.adopted:
-            return f"Reattaching to running TrainJob {self.ref} (attempt {self.attempt})"
+            how = ", as an earlier try recorded it" if self.recorded else ""
+            return f"Reattaching to running TrainJob {self.ref} (attempt {self.attempt}{how})"
         return f"Submitted TrainJob {self.ref} (attempt {self.attempt})"
 
 
@@ -161,7 +168,14 @@ def _runtime(backend: Backend, req: TrainJobRequest) -> Runtime:
 
 
 def _build(backend: Backend, req: TrainJobRequest, runtime: Runtime, attempt: int) -> dict[str, Any]:
-    return build_trainjob(req, runtime, namespace=backend.namespace, attempt=attempt, local=backend.is_local)
+    return build_trainjob(
+        req,
+        runtime,
+        namespace=backend.namespace,
+        attempt=attempt,
+        local=backend.is_local,
+        picture=backend.schema_picture(),
+    )
 
 
 def launch(
@@ -172,6 +186,7 @@ def launch(
     before_create: Callable[[JobRef], None] | None = None,
     reuse_completed: bool = True,
     first_try: bool = False,
+    recorded: JobRef | None = None,
 ) -> Launch:
     """Validate the request, then reattach, reuse or create, as the rules above say. See ``Launch``.
 
@@ -179,10 +194,11 @@ def launch(
     create nothing, anywhere. ``before_create`` learns the name about to be created (so a step being
     terminated meanwhile can delete it). ``reuse_completed=False``: this is a new run of the identity, so a
     completed TrainJob is history, not the result (a running one is still reattached: never two at once).
+    ``recorded``: the TrainJob an earlier try recorded, looked at before anything is listed.
     """
     req = parse_request(request)
     runtime = _runtime(backend, req)
-    launched = _launch(backend, req, runtime, dry_run, before_create, reuse_completed, first_try)
+    launched = _launch(backend, req, runtime, dry_run, before_create, reuse_completed, first_try, recorded)
     return replace(launched, runtime=runtime)
 
 
@@ -194,6 +210,7 @@ def _launch(
     before_create: Callable[[JobRef], None] | None,
     reuse_completed: bool,
     first_try: bool = False,
+    recorded: JobRef | None = None,
 ) -> Launch:
     manifest = _build(backend, req, runtime, 1)
     namespace = str(manifest["metadata"].get("namespace") or backend.namespace)
@@ -204,6 +221,10 @@ def _launch(
         )
     if not req.idempotency_key and not req.name:
         return _create(backend, manifest, namespace, 1, (), before_create)
+    if recorded is not None and (
+        found := _reattach_recorded(backend, recorded, manifest, namespace, bool(req.name))
+    ):
+        return found
     if first_try or not req.idempotency_key:  # nothing to adopt but what the create itself finds
         with contextlib.suppress(_Taken):
             return _create(backend, manifest, namespace, 1, (), before_create, adopt=False)
@@ -211,20 +232,56 @@ def _launch(
     previous = tuple(result_from_trainjob(c) for c in sorted(candidates, key=attempt_of))
     decision = decide(candidates, manifest, fixed_name=bool(req.name), reuse_completed=reuse_completed)
     if decision.existing is not None:
-        obj = decision.existing
-        if decision.kind == "reattach" and (problems := immutable_differences(obj, manifest)):
-            raise TrainJobConflict(
-                f"TrainJob {namespace}/{_name(obj)} of this request is still running with a different "
-                f"{', '.join(problems)}; wait for it or cancel it, then retry"
-            )
-        backend.adopt(obj)
-        state = result_from_trainjob(obj).state
-        return Launch(_ref(obj, namespace), decision.attempt, True, state, dict(obj), previous)
+        return _adopt(backend, decision, manifest, namespace, previous)
     if decision.replace is not None:
         _replace(backend, decision.replace, namespace)
     if decision.attempt != 1:
         manifest = _build(backend, req, runtime, decision.attempt)
     return _create(backend, manifest, namespace, decision.attempt, previous, before_create)
+
+
+def _adopt(
+    backend: Backend,
+    decision: Decision,
+    wanted: Mapping[str, Any],
+    namespace: str,
+    previous: tuple[TrainJobResult, ...],
+    recorded: bool = False,
+) -> Launch:
+    """Reattach to (or reuse) the TrainJob the attempt rule chose; a running one must hold the same spec."""
+    obj = decision.existing or {}
+    if decision.kind == "reattach" and (problems := immutable_differences(obj, wanted)):
+        raise TrainJobConflict(
+            f"TrainJob {namespace}/{_name(obj)} of this request is still running with a different "
+            f"{', '.join(problems)}; wait for it or cancel it, then retry"
+        )
+    backend.adopt(obj)
+    state = result_from_trainjob(obj).state
+    return Launch(_ref(obj, namespace), decision.attempt, True, state, dict(obj), previous, recorded=recorded)
+
+
+def _reattach_recorded(
+    backend: Backend, recorded: JobRef, wanted: Mapping[str, Any], namespace: str, fixed_name: bool
+) -> Launch | None:
+    """The recorded TrainJob, reattached if the attempt rule would reattach it; None: use the full rule."""
+    obj = backend.read(recorded.namespace or namespace, recorded.name)
+    uid = (obj or {}).get("metadata", {}).get("uid")
+    why = (
+        "it is gone"
+        if obj is None
+        else f"it was replaced (uid {uid}, recorded {recorded.uid})"
+        if recorded.uid and uid != recorded.uid
+        else "; ".join(label_problems(obj, wanted, (MANAGED_BY_LABEL, KEY_LABEL)))
+    )
+    if obj is not None and not why:
+        decision = decide([obj], wanted, fixed_name)
+        if decision.kind == "reattach":
+            return _adopt(backend, decision, wanted, namespace, (), recorded=True)
+        why = f"it is {result_from_trainjob(obj).state.value}"
+    log.info(
+        "recorded TrainJob %s is not reattached (%s): looking for this request's TrainJobs", recorded, why
+    )
+    return None
 
 
 def _ref(obj: Mapping[str, Any], namespace: str) -> JobRef:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from typing import Any
 
 from trainflow.core import initializers, torchtune
+from trainflow.core.artifact import JOB_ENV
 from trainflow.core.errors import FieldIssue, InvalidRequest
 from trainflow.core.fields import request_field
 from trainflow.core.function_trainer import function_command
@@ -12,6 +15,7 @@ from trainflow.core.naming import (
     API_VERSION,
     ATTEMPT_LABEL,
     GROUP,
+    JOBSET_NAME_LABEL,
     KEY_LABEL,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
@@ -28,7 +32,8 @@ from trainflow.core.naming import (
 )
 from trainflow.core.request import TrainJobRequest
 from trainflow.core.runtimes import Runtime, node_count
-from trainflow.core.schema import schema_errors
+from trainflow.core.schema import Picture, schema_errors, vendored
+from trainflow.core.storage import is_object_uri
 from trainflow.core.validation import OUTPUT_ENV, max_name_length, parse_request, validate_request
 
 
@@ -51,7 +56,16 @@ def identity_labels(request: TrainJobRequest, attempt: int = 1) -> dict[str, str
     return labels
 
 
-def _trainer(request: TrainJobRequest, runtime: Runtime) -> dict[str, Any]:
+# On Kubernetes a publishing trainer names its TrainJob in the artifact manifest, and the nodes of one run share a
+# publish attempt, through the labels JobSet puts on every pod (docs/artifacts.md); the local engine sets these.
+JOB_FIELD_REFS = {
+    JOB_ENV["namespace"]: "metadata.namespace",
+    JOB_ENV["name"]: f"metadata.labels['{JOBSET_NAME_LABEL}']",
+    JOB_ENV["attempt"]: "metadata.labels['jobset.sigs.k8s.io/restart-attempt']",
+}
+
+
+def _trainer(request: TrainJobRequest, runtime: Runtime, local: bool = False) -> dict[str, Any]:
     trainer: dict[str, Any] = {}
     if request.image:
         trainer["image"] = request.image
@@ -77,6 +91,10 @@ def _trainer(request: TrainJobRequest, runtime: Runtime) -> dict[str, Any]:
     ]
     if request.output_uri:
         env.append({"name": OUTPUT_ENV, "value": request.output_uri})
+        if not local and is_object_uri(request.output_uri):
+            env += [
+                {"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in JOB_FIELD_REFS.items()
+            ]
     if env:
         trainer["env"] = env
     if request.num_nodes is not None:
@@ -162,11 +180,13 @@ def build_trainjob(
     namespace: str | None = None,
     attempt: int = 1,
     local: bool = False,
+    picture: Picture | None = None,
 ) -> dict[str, Any]:
     """Validate the request against the runtime and return the TrainJob manifest, ready for the API.
 
     Raises InvalidRequest naming each bad field; nothing is submitted here. ``local``: for the local engine
-    (``file://`` dataset and model URIs allowed).
+    (``file://`` dataset and model URIs allowed). ``picture``: the TrainJob schema the cluster serves (default:
+    the vendored one).
     """
     req = parse_request(request)
     validate_request(req, runtime, local=local)
@@ -194,7 +214,7 @@ def build_trainjob(
     spec: dict[str, Any] = {
         "runtimeRef": {"name": runtime.name, "apiGroup": GROUP, "kind": runtime.kind},
     }
-    trainer = _trainer(req, runtime)
+    trainer = _trainer(req, runtime, local)
     if trainer:
         spec["trainer"] = trainer
     initializer = initializers.render(req)
@@ -211,20 +231,38 @@ def build_trainjob(
         spec["suspend"] = True
     if req.deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = req.deadline_seconds
+    if req.spec_patch:
+        spec = merge_patch(spec, req.spec_patch)
     manifest = {"apiVersion": API_VERSION, "kind": "TrainJob", "metadata": metadata, "spec": spec}
-    _check_schema(manifest, req)
+    _check_schema(manifest, req, picture)
     return manifest
 
 
-def _check_schema(manifest: dict[str, Any], req: TrainJobRequest) -> None:
-    """Hold the manifest to the CRD schema; each error names the request field it came from."""
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (``kubectl patch --type merge``): objects merge key by key, null deletes, any
+    other value replaces."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def _check_schema(manifest: dict[str, Any], req: TrainJobRequest, picture: Picture | None) -> None:
+    """Hold the manifest to the CRD schema (the cluster's when it was read, else the vendored one); each error
+    names the request field it came from and the schema it was checked against."""
+    picture = picture or vendored()
     issues = []
-    for path, message in schema_errors(manifest):
+    for path, message in schema_errors(manifest, picture=picture):
         issues.append(
             FieldIssue(
                 request_field(path, manifest, req),
-                message,
-                "compare with the TrainJob CRD (trainer.kubeflow.org/v1alpha1)",
+                f"{message} (checked against {picture.source})",
+                picture.fix,
             )
         )
     if issues:

@@ -250,13 +250,18 @@ def output_staged() -> bool:
 def output_dir() -> Path:
     """The directory the trainer must write its model to (``TRAINFLOW_OUTPUT_URI``).
 
-    A file:// URI or an absolute path: that directory, created if missing. An ``s3://`` URI: a private staging
+    A file:// URI or an absolute path: that directory, created if missing (under the local engine, its staging
+    directory, published to the path when the job completes: docs/artifacts.md). An ``s3://`` URI: a private staging
     directory whose files ``trainflow.core.publish_output()`` uploads under the URI (a function trainer does it
     on rank 0 when the function returns). Raises RuntimeError when the output URI is unset or of another kind.
     """
     uri = os.environ.get(OUTPUT_ENV)
     if not uri:
         raise RuntimeError(f"{OUTPUT_ENV} is not set: run under trainflow, or set output_uri on the request")
+    if os.environ.get(STAGING_ENV) and not uri.lower().startswith("s3://"):
+        staged = staging_dir()  # the local engine publishes it to the path when every node succeeded
+        assert staged is not None
+        return staged
     if uri.startswith("/"):
         path = Path(uri)
     else:

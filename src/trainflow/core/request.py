@@ -226,6 +226,11 @@ class TrainJobRequest(BaseModel):
     runtime_patches: list[dict[str, Any]] = Field(
         default_factory=list, description="Raw spec.runtimePatches entries (TrainJob API)"
     )
+    spec_patch: dict[str, Any] = Field(
+        default_factory=dict,
+        description="A JSON merge patch (RFC 7386) of the TrainJob spec trainflow renders, for a field it has no "
+        "parameter for (one a newer Trainer added); checked against the schema the cluster serves",
+    )
 
     queue: str | None = Field(default=None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name)")
     priority_class: str | None = Field(

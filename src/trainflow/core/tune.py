@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainflow.core import storage
+from trainflow.core import publish, storage
 from trainflow.core.reporting import OUTPUT_ENV, is_rank0, numeric_metrics, report
 
 
@@ -63,6 +63,6 @@ class TrainflowLogger:
         """Training ended and its checkpoint is saved: report 100 % and publish ``output_dir`` if asked."""
         report(progress=100)
         if self.output_dir is not None:
-            storage.publish_output(directory=self.output_dir)
+            publish.publish_output(directory=self.output_dir)
         elif storage.is_object_uri(os.environ.get(OUTPUT_ENV)) and is_rank0():
             raise storage.StorageError("the recipe config has no output_dir: nothing to publish")

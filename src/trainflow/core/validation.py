@@ -11,24 +11,26 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trainflow.core import credentials, initializers, patches, torchtune
+from trainflow.core import credentials, initializers, output_uri, patches, torchtune
+from trainflow.core.artifact import JOB_ENV
 from trainflow.core.errors import FieldIssue, InvalidRequest, field_path
 from trainflow.core.function_trainer import check_packages
 from trainflow.core.naming import (
     DNS_SUBDOMAIN,
+    GROUP,
     LABEL_VALUE_PATTERN,
     NAME_PATTERN,
     label_key_problem,
 )
 from trainflow.core.quantity import is_quantity
+from trainflow.core.reporting import OUTPUT_ENV as OUTPUT_ENV
 from trainflow.core.request import COUNT_RANGES, SecretKeyRef, TrainJobRequest
 from trainflow.core.runtimes import Runtime, node_count
+from trainflow.core.storage import is_object_uri
 
 MAX_LIST = 128
 MAX_ARG_CHARS = 1_048_576
 MAX_REQUEST_CHARS = 1_572_864  # etcd's default object size limit (1.5 MiB): no bigger TrainJob can exist
-URI_CREDENTIALS = initializers.URI_CREDENTIALS
-STORAGE_URI = initializers.STORAGE_URI
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 DNS_LABEL = NAME_PATTERN
@@ -39,7 +41,6 @@ RESOURCE_NAME = re.compile(
 TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 TOLERATION_OPERATORS = {"Exists", "Equal"}
 TOLERATION_EFFECTS = {"", "NoSchedule", "PreferNoSchedule", "NoExecute"}
-OUTPUT_ENV = "TRAINFLOW_OUTPUT_URI"
 
 
 def parse_request(data: Mapping[str, Any] | TrainJobRequest) -> TrainJobRequest:
@@ -220,6 +221,10 @@ def _check_resources(c: _Checker, req: TrainJobRequest) -> None:
 def _check_env(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
     reserved = runtime.reserved_env()
     total = len(req.env) + len(req.secret_env) + (1 if req.output_uri else 0)
+    if req.output_uri and is_object_uri(req.output_uri):
+        total += len(
+            JOB_ENV
+        )  # at most: the job's identity for the artifact manifest (manifest.JOB_FIELD_REFS)
     if total > MAX_LIST:
         c.add("env", f"{total} variables; the TrainJob allows at most {MAX_LIST}")
     for field, names in (("env", list(req.env)), ("secret_env", list(req.secret_env))):
@@ -236,7 +241,7 @@ def _check_env(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
                     f"is set by the Trainer for {runtime.policy} runtimes",
                     "remove it; use num_nodes / proc_per_node instead",
                 )
-            if name == OUTPUT_ENV:
+            if name == OUTPUT_ENV or name in JOB_ENV.values():
                 c.add(f"{field}.{name}", "is set by trainflow from output_uri", "set output_uri instead")
     for name, value in req.env.items():
         if "\0" in value:
@@ -255,20 +260,11 @@ def _check_initializers(c: _Checker, req: TrainJobRequest, runtime: Runtime, loc
     for kind in ("dataset", "model"):
         for name, ref in getattr(req, f"{kind}_secret_env").items():
             c.secret_ref(f"{kind}_secret_env.{name}", ref)
-    if req.output_uri is not None and URI_CREDENTIALS.match(req.output_uri):
-        c.add(
-            "output_uri",
-            "holds credentials (user:password@); they would be stored in the TrainJob in plain text",
-            "remove them; give the trainer credentials through secret_env",
-        )
-    elif req.output_uri is not None and not (
-        STORAGE_URI.match(req.output_uri) or req.output_uri.startswith("/")
-    ):
-        c.add(
-            "output_uri",
-            f"{req.output_uri[:80]!r} is neither a URI nor an absolute path",
-            "e.g. s3://bucket/models/run1, pvc://claim/path or /mnt/models/run1",
-        )
+    if req.output_uri is not None:
+        try:
+            output_uri.check(req.output_uri)
+        except output_uri.BadOutputURI as e:
+            c.add("output_uri", e.problem, e.fix)
 
 
 def _check_patches(c: _Checker, req: TrainJobRequest, runtime: Runtime) -> None:
@@ -356,6 +352,8 @@ def validate_request(req: TrainJobRequest, runtime: Runtime, *, local: bool = Fa
     _check_initializers(c, req, runtime, local)
     _check_patches(c, req, runtime)
     c.issues += patches.check(req.runtime_patches, runtime)
+    if "runtimeRef" in req.spec_patch:
+        c.add("spec_patch.runtimeRef", "names the runtime, which trainflow sets", "use the runtime field")
     if c.issues:
         raise InvalidRequest(c.issues)
 
@@ -370,8 +368,8 @@ def immutable_differences(existing: Mapping[str, Any], wanted: Mapping[str, Any]
     for field in IMMUTABLE_FIELDS:
         a, b = old.get(field), new.get(field)
         if field == "runtimeRef" and a and b:
-            a = {**{"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime"}, **a}
-            b = {**{"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime"}, **b}
+            a = {**{"apiGroup": GROUP, "kind": "ClusterTrainingRuntime"}, **a}
+            b = {**{"apiGroup": GROUP, "kind": "ClusterTrainingRuntime"}, **b}
         if field == "managedBy":
             continue
         if (a or None) != (b or None):

@@ -11,7 +11,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from airflow.providers.common.compat.sdk import DAG, task
+try:  # Airflow 3 (common-compat's sdk module is missing where 3.0.6's constraints pin 1.7.3)
+    from airflow.sdk import DAG, task
+except ImportError:  # Airflow 2
+    from airflow.decorators import task
+
+    from airflow import DAG
 
 from trainflow.airflow import TrainJobOperator
 
@@ -44,6 +49,20 @@ def train_steps(steps: int = 5, step_seconds: float = 1.0, loss0: float = 2.0) -
     report(metrics={"loss": round(loss, 4), "steps": int(steps)}, progress=100)
 
 
+def train_until_released(release: str, step_seconds: float = 0.5) -> None:
+    """Numbered lines until the file ``release`` exists, then one line saying how many: a log that lasts as
+    long as the test needs it, however slow the machine (the triggerer-restart test)."""
+    import os
+    import time
+
+    i = 0
+    while not os.path.exists(release):
+        i += 1
+        print(f"line {i} of an open-ended log", flush=True)
+        time.sleep(float(step_seconds))
+    print(f"released after {i} lines", flush=True)
+
+
 def trainer_task(function: object, **kwargs: object) -> TrainJobOperator:
     """The local-engine TrainJob of the deployment's DAGs: ``function`` for ``params.steps`` paced steps."""
     return TrainJobOperator(
@@ -71,6 +90,24 @@ PARAMS = {
 with DAG("tf_deploy_defer", params={"steps": 5, "step_seconds": 1.0}, **PARAMS):
     # deferrable and stream_logs given explicitly: the run must not depend on defaults
     steps_task(deferrable=True, stream_logs=True)
+
+with DAG(
+    "tf_deploy_logs",
+    params={"release": "", "step_seconds": 0.5},
+    max_active_runs=32,  # the triggerer-restart test holds 20 runs deferred at once (the defaults are 16)
+    max_active_tasks=32,
+    **PARAMS,
+):
+    TrainJobOperator(
+        task_id="train",
+        runtime=RUNTIME,
+        function=train_until_released,
+        function_kwargs={"release": "{{ params.release }}", "step_seconds": "{{ params.step_seconds }}"},
+        execution_timeout=timedelta(minutes=30),
+        max_log_lines=100_000,
+        deferrable=True,
+        stream_logs=True,
+    )
 
 with DAG("tf_deploy_worker", params={"steps": 30, "step_seconds": 1.0}, **PARAMS):
     # waits on the worker (not deferred), so killing the worker interrupts the wait itself

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
+from trainflow.core import storage
 from trainflow.kfp.params import invalid
-from trainflow.kfp.steplog import log
+from trainflow.kfp.steplog import fail, log
 
 
 class ArtifactLike(Protocol):
@@ -97,6 +98,28 @@ def result_metadata(result: Any, runtime: Any | None) -> dict[str, Any]:
     return {k: v for k, v in data.items() if v is not None}
 
 
+def committed_files(uri: str) -> dict[str, Any]:
+    """The manifest's view of an ``s3://`` output, read with the step's own credentials: its files (path, size,
+    SHA-256), the attempt and the prefix holding exactly those files. A completed TrainJob whose output has no
+    manifest fails the step (its publish never committed, so a Model would name no model); a manifest the step
+    cannot read (no credentials or client here) is recorded as unverified, and readers still verify it."""
+    try:
+        manifest = storage.read_manifest(uri)
+    except storage.NoManifest as e:
+        raise fail(f"the TrainJob completed but its output was never committed: {e}") from None
+    except storage.StorageError as e:
+        log(f"the manifest of {uri} is not readable from this step ({e}); the Model names it unverified")
+        return {"manifest": f"unverified: {e}"}
+    files = [{"path": f["path"], "size": f["size"], "sha256": f["sha256"]} for f in manifest.get("files", [])]
+    return {
+        "manifest": "verified",
+        "files": [f["path"] for f in files],
+        "manifest_files": files,
+        "attempt": manifest["attempt"],
+        "committed_uri": storage.attempt_uri(uri, manifest["attempt"]),
+    }
+
+
 def publish(
     result: Any, runtime: Any, location: str | None, model: ArtifactLike | None, metrics: Any | None
 ) -> None:
@@ -109,9 +132,14 @@ def publish(
             files = copy_model(source, model.path)
             model.metadata["files"] = files
             log(f"copied {len(files)} model file(s) from {location} into the Model artifact: {files}")
+        elif location and storage.is_object_uri(location):
+            # the artifact names the output URI; a downstream step reads it through its manifest
+            # (trainflow.core.download), and the files the manifest committed are recorded here
+            model.uri = location
+            model.metadata["model_uri"] = location
+            model.metadata.update(committed_files(location))
+            log(f"model stays at {location} (the Model artifact's uri)")
         elif location and "://" in location:
-            # an object store (s3://...): the artifact names the object itself, so a downstream step reads
-            # model.uri (trainflow.core.download) as it would any remote artifact
             model.uri = location
             model.metadata["model_uri"] = location
             log(f"model stays at {location} (the Model artifact's uri)")

@@ -10,7 +10,7 @@ SECTION = "trainflow"
 
 
 def _conf() -> Any:
-    from airflow.providers.common.compat.sdk import conf
+    from trainflow.airflow.compat_sdk import conf
 
     return conf
 

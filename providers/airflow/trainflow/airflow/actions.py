@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.common.compat.sdk import AirflowException
 from trainflow.airflow.base import TrainJobBaseOperator
+from trainflow.airflow.compat_sdk import AirflowException
 
 if TYPE_CHECKING:
-    from airflow.providers.common.compat.sdk import Context
+    from trainflow.airflow.compat_sdk import Context
 
 
 class _TrainJobActionOperator(TrainJobBaseOperator):

@@ -35,7 +35,7 @@ REQUEST_FIELDS = tuple(
     packages_to_install pip_index_urls num_nodes proc_per_node resources env secret_env allow_plain_credentials
     dataset_uri dataset_secret dataset_options dataset_secret_env model_uri model_secret model_options
     model_secret_env output_uri labels annotations node_selector tolerations service_account volumes
-    image_pull_secrets runtime_patches queue priority_class suspend max_queue_seconds deadline_seconds""".split()  # noqa: SIM905 (not 38 lines)
+    image_pull_secrets runtime_patches spec_patch queue priority_class suspend max_queue_seconds deadline_seconds""".split()  # noqa: SIM905 (not 38 lines)
 )
 RENAMED = {"name": "job_name", "resources": "resources_per_node", "queue": "kueue_queue"}
 OPERATOR_OWNED = ("idempotency_key",)  # derived from (dag_id, task_id, run_id, map_index)
@@ -163,6 +163,13 @@ def _value_issue(name: str, field: str, value: Any, parsed: Any) -> tuple[str, s
 
         if not FUNCTION_REF.match(parsed):
             return name, f"{parsed!r:.80} is not 'module:function'", "e.g. 'mypkg.train:main'"
+    if field == "output_uri" and isinstance(parsed, str):
+        from trainflow.core.output_uri import BadOutputURI, check
+
+        try:
+            check(parsed)
+        except BadOutputURI as e:
+            return name, e.problem, e.fix
     return None
 
 

@@ -6,8 +6,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.common.compat.sdk import BaseOperator
 from trainflow.airflow.arguments import connection_overrides
+from trainflow.airflow.compat_sdk import BaseOperator
 from trainflow.airflow.hooks import TrainJobHook
 from trainflow.airflow.provider_info import DEFAULT_CONN_ID
 
@@ -81,6 +81,6 @@ def fail_without_retry() -> Iterator[None]:
     try:
         yield
     except InvalidRequest as exc:
-        from airflow.providers.common.compat.sdk import AirflowFailException
+        from trainflow.airflow.compat_sdk import AirflowFailException
 
         raise AirflowFailException(str(exc)) from exc

@@ -12,11 +12,11 @@ import inspect
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.providers.common.compat.sdk import DecoratedOperator, task_decorator_factory
+from trainflow.airflow.compat_sdk import DecoratedOperator, task_decorator_factory
 from trainflow.airflow.operators import TrainJobOperator
 
 if TYPE_CHECKING:
-    from airflow.providers.common.compat.sdk import Context, TaskDecorator
+    from trainflow.airflow.compat_sdk import Context, TaskDecorator
     from trainflow.core.result import TrainJobResult
 
 RESULT_XCOM_KEY = "trainjob_result"

@@ -9,8 +9,8 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.common.compat.sdk import BaseHook
 from trainflow.airflow import _config
+from trainflow.airflow.compat_sdk import BaseHook
 from trainflow.airflow.provider_info import CONN_FIELDS, CONN_TYPE, DEFAULT_CONN_ID
 from trainflow.airflow.version_compat import AIRFLOW_V_3_0_PLUS, AIRFLOW_V_3_2_PLUS
 
@@ -215,7 +215,7 @@ class TrainJobHook(BaseHook):
         """The connection's extras, or None when the connection does not exist."""
         if not self.conn_id:
             return None
-        from airflow.providers.common.compat.sdk import AirflowNotFoundException
+        from trainflow.airflow.compat_sdk import AirflowNotFoundException
 
         try:
             conn = self.get_connection(self.conn_id)
@@ -252,13 +252,13 @@ class TrainJobHook(BaseHook):
         return self._backend
 
     async def aconnection_extra(self) -> dict[str, Any] | None:
-        """``connection_extra`` on an event loop, through common-compat's async accessors: Airflow's own async
-        reads where the line has them (3.3.2+), else the synchronous ones on a worker thread (the masking call
-        of ``extra_dejson`` raises ``DeadlockImminentError`` when run on the triggerer's loop)."""
+        """``connection_extra`` on an event loop (``connection_reads``): Airflow's own async reads where the line
+        has them (3.3.2+), else the synchronous ones on a worker thread (the masking call of ``extra_dejson``
+        raises ``DeadlockImminentError`` when run on the triggerer's loop)."""
         if not self.conn_id:
             return None
-        from airflow.providers.common.compat.connection import get_async_connection, get_async_extra_dejson
-        from airflow.providers.common.compat.sdk import AirflowNotFoundException
+        from trainflow.airflow.compat_sdk import AirflowNotFoundException
+        from trainflow.airflow.connection_reads import get_async_connection, get_async_extra_dejson
 
         try:
             conn = await get_async_connection(self.conn_id, hook=self)

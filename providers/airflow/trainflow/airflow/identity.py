@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from airflow.providers.common.compat.sdk import Context
+    from trainflow.airflow.compat_sdk import Context
 
 LABEL_PREFIX = "airflow.apache.org/"
 

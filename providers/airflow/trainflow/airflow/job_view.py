@@ -20,12 +20,11 @@ from typing import Any
 from urllib.parse import quote
 
 from trainflow.airflow.task_job import Definition, TaskKey, owned
+from trainflow.core.naming import JOBSET_NAME_LABEL, REPLICATED_JOB_LABEL
 
 LIVE_REFRESH_SECONDS = 5
 LOG_TAIL_LINES = 60
 XCOM_KEYS = ("return_value", "trainjob_result", "trainjob")
-JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
-REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 
 
 def page_path(base_path: str, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
@@ -52,7 +51,7 @@ def kube_nodes(backend: Any, namespace: str, name: str) -> list[dict[str, Any]]:
     """One row per pod of the TrainJob's JobSet: its step, phase, readiness, restarts, exit code."""
     from trainflow.core.kube import calls
 
-    raw = backend.api.run(calls.list_pods(namespace, f"{JOBSET_LABEL}={name}"))
+    raw = backend.api.run(calls.list_pods(namespace, f"{JOBSET_NAME_LABEL}={name}"))
     rows = []
     for pod in (raw or {}).get("items") or []:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}

@@ -28,7 +28,7 @@ def declare(
     inlets: list[Any], outlets: list[Any], dataset_uri: Any, output_uri: Any
 ) -> tuple[list[Any], list[Any]]:
     """The operator's inlets and outlets with the parse-time assets added (new lists: the user's may be shared)."""
-    from airflow.providers.common.compat.sdk import Asset, AssetAlias
+    from trainflow.airflow.compat_sdk import Asset, AssetAlias
 
     dataset = literal(dataset_uri)
     output = literal(output_uri)
@@ -41,7 +41,7 @@ def record_output(context: Mapping[str, Any], outlets: list[Any], outputs: list[
     """On success: the run's output becomes an asset event through the alias, when the task declared it (a
     parse-time ``Asset`` outlet gets its event from Airflow). Decided by the outlets, not the argument: by now
     templates are rendered, so a templated ``output_uri`` reads like a literal one."""
-    from airflow.providers.common.compat.sdk import Asset, AssetAlias
+    from trainflow.airflow.compat_sdk import Asset, AssetAlias
 
     alias = AssetAlias(OUTPUT_ALIAS)
     events = context.get("outlet_events")

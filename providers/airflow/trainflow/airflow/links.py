@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.providers.common.compat.sdk import BaseOperatorLink
 from trainflow.airflow import _config
+from trainflow.airflow.compat_sdk import BaseOperatorLink
 
 XCOM_KEY = "trainjob"
 
@@ -34,7 +34,7 @@ class TrainJobLink(BaseOperatorLink):
             return ""
         ref = getattr(operator, "_trainjob_ref", None)
         if not ref:
-            from airflow.providers.common.compat.sdk import XCom
+            from trainflow.airflow.compat_sdk import XCom
 
             try:
                 ref = XCom.get_value(ti_key=ti_key, key=XCOM_KEY)

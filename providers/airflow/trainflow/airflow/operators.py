@@ -12,12 +12,12 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from airflow.providers.common.compat.sdk import AirflowException
 from trainflow.airflow import _config, arguments, lineage
 from trainflow.airflow.actions import DeleteTrainJobOperator, ResumeTrainJobOperator, SuspendTrainJobOperator
 from trainflow.airflow.arguments import TEMPLATED_ARGS
 from trainflow.airflow.base import TrainJobBaseOperator, fail_without_retry
 from trainflow.airflow.callbacks import DEFAULT_TIMEOUT, Callback, dotted_path, worker_updates
+from trainflow.airflow.compat_sdk import AirflowException
 from trainflow.airflow.identity import airflow_labels, idempotency_key, is_first_try, is_new_run, ti_identity
 from trainflow.airflow.links import extra_links
 from trainflow.airflow.logstream import (
@@ -32,7 +32,7 @@ from trainflow.airflow.outcomes import TrainJobOutcomes
 from trainflow.airflow.request_file import RequestFileTemplates, parse_request_file
 
 if TYPE_CHECKING:
-    from airflow.providers.common.compat.sdk import Context
+    from trainflow.airflow.compat_sdk import Context
     from trainflow.core.backend import Backend
     from trainflow.core.lifecycle import Launch
     from trainflow.core.request import TrainJobRequest
@@ -77,8 +77,10 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
     :param max_log_lines: most lines copied per node (default ``[trainflow] max_log_lines``).
     :param rerun_on_clear: a task instance cleared after its TrainJob completed trains again (a new
         attempt); False returns the completed job's result instead. Retries always reuse it.
-    :param durable: record the TrainJob in Airflow's task state store, shown to the next try. Default: where the
-        Airflow line has one (3.3+); ``True`` on an earlier line fails the DAG file; ``False`` never records.
+    :param durable: record the TrainJob (namespace, name, uid, attempt) in Airflow's task state store; the next
+        try reattaches to it first when it still runs, else adopts by the identity labels as without it. Default:
+        where the Airflow line has one (3.3+); ``True`` on an earlier line fails the DAG file; ``False`` never
+        records.
     :param on_update_callback: called with the ``TrainJobResult`` at each update of the wait (a state change,
         each new report of the training code), where the wait runs: in the triggerer when deferred (then it must
         be a module-level function importable there, or its dotted path), on the worker otherwise.
@@ -97,6 +99,7 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
         "request_file": "yaml",
         "labels": "json",
         "runtime_patches": "json",
+        "spec_patch": "json",
     }
     ui_color = "#d6e6ff"
 
@@ -136,6 +139,7 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
         volumes: list[dict[str, Any]] | None = None,
         image_pull_secrets: list[str] | None = None,
         runtime_patches: list[dict[str, Any]] | None = None,
+        spec_patch: dict[str, Any] | None = None,
         kueue_queue: str | None = None,
         priority_class: str | None = None,
         suspend: bool | None = None,
@@ -217,10 +221,14 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
         backend = self.get_backend()
         request = self.build_request(context)
         self._lineage = lineage.Lineage.of(request)
-        for earlier in self._earlier(context):
-            self.log.info("Earlier try recorded TrainJob %s", earlier)
         rerun = self.rerun_on_clear and is_new_run(context, self.retries or 0)
-        launched = launch(backend, request, reuse_completed=not rerun, first_try=is_first_try(context))
+        launched = launch(
+            backend,
+            request,
+            reuse_completed=not rerun,
+            first_try=is_first_try(context),
+            recorded=self._earlier(context),
+        )
         if rerun and not launched.adopted and any(r.succeeded for r in launched.previous):
             self.log.info("Task instance cleared after its TrainJob completed: training again")
         for line in launched.history():
@@ -232,20 +240,24 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
             return self._finish(context, backend.wait(launched.ref), backend)
         deadline = self._deadline(context)
         if self.deferrable and not (launched.state and launched.state.terminal):  # as launch saw it
-            self._defer(launched, deadline)
+            self._defer(context, launched, deadline)
         return self._wait_sync(context, backend, launched, deadline)
 
     def _log_steps(self, launched: Launch) -> list[str]:
         nodes = node_count(launched.manifest, launched.runtime)
         return log_steps(self.log_nodes, nodes, initializer_steps(launched.manifest, launched.runtime))
 
-    def _defer(self, launched: Launch, deadline: float | None) -> None:
+    def _defer(self, context: Context, launched: Launch, deadline: float | None) -> None:
+        from trainflow.airflow import log_position
         from trainflow.airflow.triggers import TrainJobTrigger
 
         timeout = None
         if deadline is not None:
             timeout = timedelta(seconds=max(deadline - time.time(), 0.0) + DEFER_TIMEOUT_PADDING)
         ref = launched.ref
+        if self.stream_logs:  # the trigger's logs start here; a restarted trigger continues from its saves
+            ti = context["ti"]
+            ti.xcom_push(key=log_position.XCOM_KEY, value=log_position.start_of(ti, log_position.job_of(ref)))
         self.defer(
             trigger=TrainJobTrigger(
                 name=ref.name,
@@ -288,7 +300,7 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
             )
         if status == "timeout":
             self._on_timeout(self._ref(name, namespace))
-            from airflow.providers.common.compat.sdk import AirflowTaskTimeout
+            from trainflow.airflow.compat_sdk import AirflowTaskTimeout
 
             raise AirflowTaskTimeout(event.get("message") or f"TrainJob {namespace}/{name} timed out")
         if status == "not_found":
@@ -322,7 +334,7 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
             raise AirflowException(str(exc)) from None
         except WaitTimeout as exc:
             self._on_timeout(ref, backend)
-            from airflow.providers.common.compat.sdk import AirflowTaskTimeout
+            from trainflow.airflow.compat_sdk import AirflowTaskTimeout
 
             raise AirflowTaskTimeout(str(exc)) from None
         finally:

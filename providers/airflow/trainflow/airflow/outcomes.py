@@ -15,7 +15,7 @@ from trainflow.airflow import lineage
 from trainflow.airflow.links import XCOM_KEY
 
 if TYPE_CHECKING:
-    from airflow.providers.common.compat.sdk import Context
+    from trainflow.airflow.compat_sdk import Context
     from trainflow.core.backend import Backend
     from trainflow.core.result import JobRef, TrainJobResult
 
@@ -53,17 +53,25 @@ class TrainJobOutcomes:
         except Exception:
             return None
 
-    def _earlier(self, context: Context) -> list[str]:
-        """What an earlier try recorded (for the task log only: ``launch`` decides from the cluster)."""
+    def _earlier(self, context: Context) -> JobRef | None:
+        """The TrainJob an earlier try recorded in the task state store: ``launch`` looks at it first."""
+        from trainflow.core.result import JobRef
+
         store = self._state_store(context)
         try:
             value = store.get(STATE_STORE_KEY) if store is not None else None
         except Exception as exc:
             self.log.warning("Could not read the task state store: %s", exc)
-            return []
-        if not isinstance(value, dict) or not value.get("name"):
-            return []
-        return [f"{value.get('namespace')}/{value['name']} (attempt {value.get('attempt')})"]
+            return None
+        if not isinstance(value, dict) or not value.get("name") or not value.get("namespace"):
+            return None
+        self.log.info(
+            "Earlier try recorded TrainJob %s/%s (attempt %s) in the task state store",
+            value["namespace"],
+            value["name"],
+            value.get("attempt"),
+        )
+        return JobRef(name=str(value["name"]), namespace=str(value["namespace"]), uid=value.get("uid"))
 
     def _record(self, context: Context, ref: JobRef, attempt: int) -> None:
         store = self._state_store(context)

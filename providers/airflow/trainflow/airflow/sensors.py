@@ -7,19 +7,19 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.common.compat.sdk import (
+from trainflow.airflow import _config
+from trainflow.airflow.arguments import connection_overrides
+from trainflow.airflow.compat_sdk import (
     AirflowException,
     AirflowFailException,
     AirflowSkipException,
     BaseSensorOperator,
 )
-from trainflow.airflow import _config
-from trainflow.airflow.arguments import connection_overrides
 from trainflow.airflow.hooks import TrainJobHook
 from trainflow.airflow.provider_info import DEFAULT_CONN_ID
 
 if TYPE_CHECKING:
-    from airflow.providers.common.compat.sdk import Context
+    from trainflow.airflow.compat_sdk import Context
 
 
 class TrainJobSensor(BaseSensorOperator):
@@ -93,7 +93,7 @@ class TrainJobSensor(BaseSensorOperator):
         return result.succeeded, result.to_dict()
 
     def poke(self, context: Context) -> Any:
-        from airflow.providers.common.compat.sdk import PokeReturnValue
+        from trainflow.airflow.compat_sdk import PokeReturnValue
 
         done, result = self._check()
         return PokeReturnValue(is_done=done, xcom_value=result)
@@ -135,7 +135,7 @@ class TrainJobSensor(BaseSensorOperator):
             self.log.info("TrainJob %s is Complete", ref)
             return event.get("result")
         if status == "timeout":
-            from airflow.providers.common.compat.sdk import AirflowSensorTimeout
+            from trainflow.airflow.compat_sdk import AirflowSensorTimeout
 
             raise AirflowSensorTimeout(event.get("message") or f"TrainJob {ref} did not finish in time")
         raise AirflowException(event.get("message") or f"TrainJob {ref}: {status}")

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from trainflow.airflow.callbacks import DEFAULT_TIMEOUT, LoopCallbacks, load
 from trainflow.airflow.hooks import TrainJobHook
+from trainflow.airflow.log_position import LogPosition, job_of
 from trainflow.airflow.logstream import StatusLines, both, task_log_sink
 from trainflow.airflow.version_compat import task_instance_state
 
 if TYPE_CHECKING:
     from trainflow.core.backend import Backend
+    from trainflow.core.logsink import LogSink
     from trainflow.core.result import JobRef, TrainJobResult
 
 # Airflow >= 3.3 calls BaseTrigger.on_kill only when a user acts on the deferred task; before that the
@@ -22,6 +24,10 @@ if TYPE_CHECKING:
 HAS_TRIGGER_ON_KILL = "on_kill" in BaseTrigger.__dict__
 
 __all__ = ["TrainJobTrigger"]
+
+
+def _copied(start: Mapping[str, Mapping[str, Any]]) -> str:
+    return ", ".join(f"{step}: {saved.get('lines', 0)}" for step, saved in sorted(start.items()))
 
 
 class TrainJobTrigger(BaseTrigger):
@@ -131,13 +137,24 @@ class TrainJobTrigger(BaseTrigger):
         )
 
     async def _wait(self, updates: LoopCallbacks | None) -> TriggerEvent:
-        from trainflow.core.errors import QueueBudgetExceeded, TrainJobFailed, TrainJobNotFound, WaitTimeout
-
         backend = await self._get_backend()
         ref = self._ref()
         status = StatusLines(str(ref), self.log.info)
         on_update = status if updates is None else both(status, updates.submit)
         sink = task_log_sink(self.log.info, self.log_steps, self.max_log_lines) if self.stream_logs else None
+        if sink is None or self.task_instance is None:
+            return await self._outcome(backend, ref, on_update, sink)
+        position = LogPosition(self.task_instance, job_of(ref))  # continue where a replaced trigger stopped
+        async with position.following(sink):
+            if sink.start:
+                self.log.info("Logs continue after the %s lines already copied", _copied(sink.start))
+            return await self._outcome(backend, ref, on_update, sink)
+
+    async def _outcome(
+        self, backend: Backend, ref: JobRef, on_update: Any, sink: LogSink | None
+    ) -> TriggerEvent:
+        from trainflow.core.errors import QueueBudgetExceeded, TrainJobFailed, TrainJobNotFound, WaitTimeout
+
         while True:
             try:
                 result = await backend.wait_async(

@@ -2,7 +2,7 @@
 
 The flags are those of common-compat's ``version_compat``, copied as the Apache providers copy it (a provider
 does not import another provider's version module). Every name that moved between lines is imported through
-``airflow.providers.common.compat.sdk``; this module holds only what a line itself lacks: each feature a line
+``compat_sdk`` (common-compat's ``sdk`` where the installed release has one); this module holds only what a line itself lacks: each feature a line
 cannot give is refused when the DAG file is parsed (``missing``), naming the feature and the line that has it,
 and the one read that differs by line in the triggerer (``task_instance_state``).
 """

@@ -28,6 +28,7 @@ from trainflow.core.result import JobRef, TrainJobResult, result_from_trainjob
 if TYPE_CHECKING:
     from trainflow.core.request import TrainJobRequest
     from trainflow.core.runtimes import Runtime
+    from trainflow.core.schema import Picture as SchemaPicture
 
 RUNTIME_TTL = 300.0  # the Trainer reads a runtime when it creates a job; a read this old is still used
 
@@ -84,6 +85,7 @@ class KubernetesBackend:
         self.log_tail_lines = log_tail_lines
         self.last_wait_stats: WatchStats | None = None
         self._runtimes: dict[tuple[str, str, str], tuple[float, Runtime]] = {}
+        self._schema: tuple[float, SchemaPicture | None] | None = None
         self._queues = kueue_reads.SchedulingChecks(RUNTIME_TTL)
 
     def close(self) -> None:
@@ -139,6 +141,20 @@ class KubernetesBackend:
             raise RuntimeNotFound(name, kind, available) from None
         self._runtimes[key] = (time.monotonic(), runtime)
         return runtime
+
+    def schema_picture(self) -> SchemaPicture | None:
+        """The TrainJob CRD schema the cluster serves, read once per ``RUNTIME_TTL`` seconds; None (the vendored
+        schema applies, and refusals say so) when this user may not read CRDs."""
+        from trainflow.core import schema
+
+        if self._schema is not None and time.monotonic() - self._schema[0] < RUNTIME_TTL:
+            return self._schema[1]
+        try:
+            picture: SchemaPicture | None = schema.served(self.api.run(calls.get_trainjob_crd()))
+        except (PermissionDenied, NotFound, ValueError):
+            picture = None
+        self._schema = (time.monotonic(), picture)
+        return picture
 
     # --- launch primitives ----------------------------------------------------------------------------
     def find(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:

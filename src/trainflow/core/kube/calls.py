@@ -99,8 +99,10 @@ def watch_trainjobs(
 
 
 def create_trainjob(namespace: str, body: Mapping[str, Any], *, dry_run: bool = False) -> Call:
+    """A create the API server checks strictly: a field its TrainJob schema lacks is refused (400, the path
+    named), never pruned silently; the cluster, not trainflow's vendored schema, decides what it accepts."""
     name = str((body.get("metadata") or {}).get("name") or "")
-    query = _q(fieldManager="trainflow", dryRun="All" if dry_run else None)
+    query = _q(fieldManager="trainflow", fieldValidation="Strict", dryRun="All" if dry_run else None)
     return Call("create", PLURAL, namespace, name, _jobs(namespace), query, _json(body), "application/json")
 
 
@@ -121,6 +123,17 @@ def patch_trainjob(namespace: str, name: str, patch: Mapping[str, Any]) -> Call:
 def delete_trainjob(namespace: str, name: str, propagation_policy: str = "Background") -> Call:
     body = _json({"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation_policy})
     return Call("delete", PLURAL, namespace, name, _jobs(namespace, name), (), body, "application/json")
+
+
+def get_trainjob_crd() -> Call:
+    """The TrainJob CRD the cluster serves (its schema is what a create is checked against)."""
+    return Call(
+        "get",
+        "customresourcedefinitions",
+        None,
+        f"{PLURAL}.{GROUP}",
+        path_of("apis", "apiextensions.k8s.io", "v1", "customresourcedefinitions", f"{PLURAL}.{GROUP}"),
+    )
 
 
 # --- runtimes --------------------------------------------------------------------------------------------

@@ -15,11 +15,13 @@ from trainflow.core.kube import calls
 from trainflow.core.kube.calls import Call
 from trainflow.core.kube.plan import Plan
 from trainflow.core.logtail import condense
+from trainflow.core.naming import (
+    JOBSET_NAME_LABEL as JOBSET_NAME_LABEL,  # its home; the log modules read it here
+)
+from trainflow.core.naming import REPLICATED_JOB_LABEL
 
 log = logging.getLogger(__name__)
 
-JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
-REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 CREATION_FAILED_REASON = "TrainJobResourcesCreationFailed"
 # The Trainer's initializer steps: each runs one container named as the step. A failed one is the job's root

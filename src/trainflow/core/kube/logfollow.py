@@ -4,14 +4,15 @@ It shares the rules of kube/logs.py (which pod and container, when a reconnect r
 complete) and runs as a task of the wait that started it: no thread, and no request before the job runs (the
 pod watch says when its container starts). An event loop streams at most ``FOLLOW_STREAMS`` logs at once, a
 connection each; the logs beyond read what was written every ``POLL_SECONDS`` on the shared connections, and
-take a stream slot when one frees. A triggerer with a thousand running jobs thus holds tens of connections,
+take a stream slot when one frees (the shares and the pace: kube/follow_pace.py). A triggerer with a thousand running jobs thus holds tens of connections,
 not a thousand. When the wait ends, every log is read once more and its follower stops. Lines go to a
 ``LogSink``.
 
 The wait comes first: an event loop starts at most ``POLLS_PER_SECOND`` polled reads a second (with a thousand
 polled logs, each is read every ~50 s instead of every 10), so copying logs cannot starve the watch that
 detects the outcome; the last read of an ended wait's logs has slots of its own, never queued behind the
-polls; and a follower yields to the loop after each chunk it copies.
+polls; and a follower yields to the loop after each chunk it copies. A follower continues where the sink's
+``start`` says (a restarted trigger's saved position): its first read asks only for what came after.
 """
 
 from __future__ import annotations
@@ -19,16 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import re
-import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import httpx
 
 from trainflow.core.errors import NotFound
-from trainflow.core.kube import calls, retry
+from trainflow.core.kube import calls, follow_pace, retry
 from trainflow.core.kube.aio import AsyncKubeApi
 from trainflow.core.kube.apierrors import described
 from trainflow.core.kube.diagnostics import JOBSET_NAME_LABEL, newest
@@ -41,54 +40,12 @@ from trainflow.core.logsink import LogSink
 
 log = logging.getLogger(__name__)
 MAX_RECONNECTS = 50
-FOLLOW_STREAMS = 32  # logs an event loop streams at once (a connection each); the others are polled
-POLL_SECONDS = 10.0  # how often a polled log is read (as KubernetesJobTrigger polls a Job)
-POLLS_PER_SECOND = 20.0  # polled log reads an event loop starts a second at most
-READS_AT_ONCE = 16  # followers' pod lists and polled logs in flight at once on one event loop
-FINAL_READS_AT_ONCE = 16  # last reads of ended waits' logs in flight at once (apart from the polls)
-
-
-class _LoopState:
-    """One event loop's shares: stream slots, reads in flight, last reads, and how many logs are polled now."""
-
-    def __init__(self) -> None:
-        self.slots = asyncio.Semaphore(FOLLOW_STREAMS)
-        self.reads = asyncio.Semaphore(READS_AT_ONCE)
-        self.finals = asyncio.Semaphore(FINAL_READS_AT_ONCE)
-        self.polled = 0
-
-    def poll_interval(self) -> float:
-        """Seconds until a polled log's next read, jittered so that logs polled together spread out."""
-        return poll_interval(self.polled) * random.uniform(0.8, 1.2)
-
-
-def poll_interval(polled: int) -> float:
-    """How often each of ``polled`` logs of one event loop is read: POLL_SECONDS, longer past POLLS_PER_SECOND."""
-    return max(POLL_SECONDS, polled / POLLS_PER_SECOND)
-
-
-_STATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
-
-
-def _state() -> _LoopState:
-    """The running event loop's ``_LoopState``."""
-    loop = asyncio.get_running_loop()
-    state = _STATES.get(loop)
-    if state is None:
-        state = _STATES[loop] = _LoopState()
-    return state
-
-
-async def _read(api: AsyncKubeApi, call: calls.Call) -> Any:
-    """A follower's read (a pod list, a polled log), at most READS_AT_ONCE of them in flight per event loop:
-    a thousand followers asking at once would queue in httpcore's pool, whose bookkeeping costs the event loop
-    time for every queued request whenever any request starts or ends (seconds, at a thousand)."""
-    async with _state().reads:
-        return await api.run(call)
 
 
 async def _pod(api: AsyncKubeApi, namespace: str, target: StepTarget) -> dict[str, Any] | None:
-    answer: Mapping[str, Any] = await _read(api, calls.list_pods(namespace, target.selector, limit=20))
+    answer: Mapping[str, Any] = await follow_pace.read(
+        api, calls.list_pods(namespace, target.selector, limit=20)
+    )
     return newest(list(answer.get("items") or []))
 
 
@@ -139,7 +96,9 @@ class PodFeed:
         async with self._lock:
             if not self.listed:
                 selector = f"{JOBSET_NAME_LABEL}={self.job}"
-                answer = await _read(self.api, calls.list_pods(self.namespace, selector, limit=100))
+                answer = await follow_pace.read(
+                    self.api, calls.list_pods(self.namespace, selector, limit=100)
+                )
                 for pod in answer.get("items") or []:
                     if start_signature(pod):
                         self._keep(pod)
@@ -194,7 +153,8 @@ async def _follow(
             sink.note(target.step, not_started(target, None, pod_wait) + "; its log is not copied")
         return
     name, resume = str(pod["metadata"]["name"]), Resume()
-    slots = _state().slots  # FOLLOW_STREAMS logs streamed at once, the others polled
+    resume.restore(sink.resume(target.step, lambda: resume.position(name)), name)
+    slots = follow_pace.loop_state().slots  # FOLLOW_STREAMS logs streamed at once, the others polled
     while True:
         if slots.locked() or feed.ending.is_set():  # every stream slot taken: read new lines now and then
             if not await _poll(api, feed, name, target, sink, resume, slots):
@@ -265,7 +225,7 @@ async def _poll(
 ) -> bool:
     """Read the lines written since the last read every ``poll_interval``, on the shared connections, until a
     stream slot frees (True) or the wait ends (False, after a last read)."""
-    state = _state()
+    state = follow_pace.loop_state()
     state.polled += 1
     try:
         while True:
@@ -295,7 +255,7 @@ async def _read_since(
     line, however much was written; no limitBytes, whose cut inside a line would tear it). False when the pod
     is gone or the sink wants no more lines; a dropped connection ends this read and the next one resumes.
     ``final``: the wait ended; this read has slots of its own, so it never waits behind the polls."""
-    state = _state()
+    state = follow_pace.loop_state()
     async with state.finals if final else state.reads:
         try:
             resp = await api.run(

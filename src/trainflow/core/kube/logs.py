@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import re
@@ -17,12 +18,10 @@ from trainflow.core.kube.client import KubeApi, iter_lines
 from trainflow.core.kube.diagnostics import (
     COMPLETION_INDEX_LABEL,
     INITIALIZER_STEPS,
-    JOBSET_NAME_LABEL,
-    REPLICATED_JOB_LABEL,
     newest,
 )
 from trainflow.core.kube.http import finish
-from trainflow.core.naming import TRAINER_CONTAINER
+from trainflow.core.naming import JOBSET_NAME_LABEL, REPLICATED_JOB_LABEL, TRAINER_CONTAINER
 
 if TYPE_CHECKING:
     from trainflow.core.runtimes import Runtime
@@ -110,11 +109,22 @@ def parse_timestamp(line: str) -> tuple[int | None, str]:
 
 class Resume:
     """Where a followed log got to, so a reconnect neither replays nor skips lines: the newest timestamp seen
-    and the lines already copied at that timestamp (``timestamps=true`` lines, resumed with sinceSeconds)."""
+    and digests of the lines already copied at that timestamp (``timestamps=true`` lines, resumed with
+    sinceSeconds). ``position``/``restore`` carry it across processes (a restarted trigger continues there)."""
 
     def __init__(self) -> None:
         self.last_ts: int | None = None
         self.at_last_ts: set[str] = set()
+
+    def position(self, pod: str) -> dict[str, Any]:
+        """Where this log of ``pod`` got to, as JSON."""
+        return {"pod": pod, "ts": self.last_ts, "at": sorted(self.at_last_ts)}
+
+    def restore(self, saved: Mapping[str, Any] | None, pod: str) -> None:
+        """Continue where ``position`` said, when it is this pod's log (from the start otherwise)."""
+        if saved and saved.get("pod") == pod and isinstance(saved.get("ts"), int):
+            self.last_ts = int(saved["ts"])
+            self.at_last_ts = {str(d) for d in saved.get("at") or ()}
 
     def since_seconds(self) -> int | None:
         """Whole seconds back from now to ask for on a reconnect (with margin for clock skew); None at first."""
@@ -125,16 +135,16 @@ class Resume:
     def fresh(self, raw: str) -> str | None:
         """The text of a new line; None for one copied before the reconnect."""
         ts, text = parse_timestamp(raw)
-        if (
-            ts is not None
-            and self.last_ts is not None
-            and (ts < self.last_ts or (ts == self.last_ts and text in self.at_last_ts))
+        if ts is None:
+            return text
+        digest = hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).hexdigest()
+        if self.last_ts is not None and (
+            ts < self.last_ts or (ts == self.last_ts and digest in self.at_last_ts)
         ):
             return None
-        if ts is not None:
-            if ts != self.last_ts:
-                self.last_ts, self.at_last_ts = ts, set()
-            self.at_last_ts.add(text)
+        if ts != self.last_ts:
+            self.last_ts, self.at_last_ts = ts, set()
+        self.at_last_ts.add(digest)
         return text
 
 

@@ -18,8 +18,9 @@ from trainflow.core.errors import PermissionDenied
 from trainflow.core.kube import calls
 from trainflow.core.kube.aio import AsyncKubeApi
 from trainflow.core.kube.apierrors import described
-from trainflow.core.kube.diagnostics import JOBSET_NAME_LABEL, pod_label, pod_problems
+from trainflow.core.kube.diagnostics import pod_label, pod_problems
 from trainflow.core.kube.listwatch import WatchStats, list_and_watch, list_pages, watch_once
+from trainflow.core.naming import JOBSET_NAME_LABEL
 
 log = logging.getLogger(__name__)
 

@@ -91,6 +91,9 @@ class LocalBackend:
     ) -> Runtime:
         return find_runtime(local_catalog(), name, kind)
 
+    def schema_picture(self) -> None:
+        return None  # the engine runs what the vendored Trainer schema describes
+
     def _ref(self, ref: JobRef | str) -> JobRef:
         jref = JobRef.parse(ref, self.namespace)
         if not (NAME.match(jref.name) and NAME.match(jref.namespace)):
@@ -118,10 +121,8 @@ class LocalBackend:
     def dry_run(self, manifest: dict[str, Any]) -> None:
         """Everything but the start: the launch plan is made (commands resolved, ports, paths), nothing written."""
         meta = manifest["metadata"]
-        self._plan(
-            manifest,
-            self._job(JobRef(name=meta["name"], namespace=meta.get("namespace") or self.namespace))[1],
-        )
+        job = self._job(JobRef(name=meta["name"], namespace=meta.get("namespace") or self.namespace))[1]
+        self._plan(manifest, job)
 
     def find(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         folder = self.home / "jobs" / namespace
@@ -361,9 +362,8 @@ class LocalBackend:
         except OSError as exc:
             if not cleanup.no_space(exc):
                 raise
-            uid = str(
-                ((job.read() or {}).get("metadata") or {}).get("uid", "")
-            )  # full disk: SIGTERM tells it
+            # full disk: SIGTERM tells it
+            uid = str(((job.read() or {}).get("metadata") or {}).get("uid", ""))
         sup = store.read_aux(job.supervisor) or store.read_aux(job.spawn)
         if isinstance(sup, dict) and store.pid_alive(int(sup["pid"]), sup.get("start_time")):
             store.signal_pid(int(sup["pid"]), signal.SIGTERM)

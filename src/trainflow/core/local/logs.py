@@ -6,6 +6,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from trainflow.core.errors import CorruptState, InvalidRequest, TrainJobNotFound
 from trainflow.core.local import store
@@ -89,8 +90,18 @@ class Tails:
                 self.paths[step] = log_path(job, ref, step)
             except (InvalidRequest, CorruptState, TrainJobNotFound):
                 continue
-        self.offsets = dict.fromkeys(self.paths, 0)
+        self.offsets = dict.fromkeys(self.paths, 0)  # read up to
+        self.copied = dict.fromkeys(
+            self.paths, 0
+        )  # the end of the last line copied: where a restart continues
         self.partial = dict.fromkeys(self.paths, b"")
+        for step in self.paths:
+            saved = sink.resume(step, self._cursor(step))
+            if isinstance(saved.get("offset"), int) and saved["offset"] >= 0:
+                self.offsets[step] = self.copied[step] = saved["offset"]
+
+    def _cursor(self, step: str) -> Callable[[], dict[str, Any]]:
+        return lambda: {"offset": self.copied[step]}
 
     def pump(self, final: bool = False) -> None:
         """Copy the complete lines written since the last look (``final``: the last line too)."""
@@ -106,9 +117,12 @@ class Tails:
             self.offsets[step] += len(data)
             *complete, rest = (self.partial[step] + data).split(b"\n")
             self.partial[step] = rest
+            ends = [len(line) + 1 for line in complete]  # bytes each copied line moves the position on
             if final and rest:
                 complete.append(rest)
+                ends.append(len(rest))
                 self.partial[step] = b""
-            for line in complete:
+            for line, size in zip(complete, ends, strict=True):
+                self.copied[step] += size
                 if not self.sink.line(step, line.decode("utf-8", errors="replace")):
                     break

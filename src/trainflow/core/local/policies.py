@@ -18,16 +18,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
+from trainflow.core.artifact import JOB_ENV
 from trainflow.core.errors import FieldIssue, InvalidRequest
 from trainflow.core.local import limits
 from trainflow.core.quantity import quantity_value
-from trainflow.core.reporting import STAGING_ENV
+from trainflow.core.reporting import OUTPUT_ENV, STAGING_ENV
 from trainflow.core.storage import is_object_uri
 
 if TYPE_CHECKING:
     from trainflow.core.runtimes import Runtime
 
-OUTPUT_ENV = "TRAINFLOW_OUTPUT_URI"
 NODE_RANK_ENV = "TRAINFLOW_NODE_RANK"
 WORKSPACE_ENV = "TRAINFLOW_WORKSPACE"
 STAGING_DIR = "output-staging"
@@ -39,6 +39,21 @@ SUPPORTED_POLICIES = (None, "torch", "jax", "xgboost", "mpi")
 STRIPPED_ENV_PREFIXES = ("TRAINFLOW_LOCAL_", "KUBEFLOW_TRAINER_SERVER_", STAGING_ENV)
 # Open MPI's own opt-in to running mpirun as root (both must be set).
 ROOT_SWITCHES = frozenset({"OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"})
+
+
+def output_env(plan: dict[str, Any], index: int, identity: dict[str, str]) -> dict[str, str]:
+    """Node ``index``'s output variables: the output URI; for an object store, a staging directory of its own
+    in the job dir (published after the job), for a local output URI the job's one staging directory (published
+    by the supervisor when the job completes); the job identity a published manifest names (one launch's nodes
+    share it)."""
+    env = {OUTPUT_ENV: plan["output_uri"]}
+    if is_object_uri(plan["output_uri"]):
+        staged = Path(plan["output_dir"])
+        env[STAGING_ENV] = str(staged / f"node-{index}" if int(plan.get("launched_nodes", 1)) > 1 else staged)
+    elif plan.get("output_target"):  # one directory for every node, as a shared volume is on a cluster
+        env[STAGING_ENV] = plan["output_dir"]
+    env.update({JOB_ENV[key]: value for key, value in identity.items()})
+    return env
 
 
 def local_path(uri: str) -> Path | None:
@@ -86,6 +101,8 @@ def _env_entries(trainer: dict[str, Any], container: dict[str, Any], home: Path)
         for item in source:
             name = str(item.get("name"))
             value_from = item.get("valueFrom")
+            if name in JOB_ENV.values():
+                continue  # the job's identity: the supervisor sets it from the job itself
             if value_from is None:
                 merged[name] = {"name": name, "value": str(item.get("value", ""))}
                 continue
@@ -163,14 +180,16 @@ def _initializers(manifest: dict[str, Any], runtime: Runtime, jobdir: Path) -> l
     return out
 
 
-def output_for(manifest: dict[str, Any], jobdir: Path) -> tuple[Path, str]:
-    """Where the trainer writes and the output URI: the path behind ``output_uri`` (file:// or absolute), else
-    ``<jobdir>/output``; for ``s3://`` the job's staging directory, which ``publish_output()`` uploads."""
+def output_for(manifest: dict[str, Any], jobdir: Path) -> tuple[Path, str, Path | None]:
+    """Where the trainer writes, the output URI, and the local directory a completed job publishes to: for
+    ``s3://`` and for ``output_uri`` naming a local path (file:// or absolute), the job's staging directory
+    (``publish_output()`` uploads the first; the supervisor publishes the second when every node succeeded);
+    without ``output_uri``, ``<jobdir>/output`` itself, private to the job."""
     for item in ((manifest.get("spec") or {}).get("trainer") or {}).get("env") or []:
         if item.get("name") == OUTPUT_ENV and "value" in item:
             uri = str(item["value"])
             if is_object_uri(uri):
-                return jobdir / STAGING_DIR, uri
+                return jobdir / STAGING_DIR, uri, None
             path = local_path(uri)
             if path is None:
                 raise InvalidRequest.one(
@@ -178,8 +197,8 @@ def output_for(manifest: dict[str, Any], jobdir: Path) -> tuple[Path, str]:
                     f"{uri[:80]!r} cannot be written by the local engine",
                     "use s3://, file:///path or an absolute path locally, or run on the kubernetes backend",
                 )
-            return path, path.as_uri()
-    return jobdir / "output", (jobdir / "output").as_uri()
+            return jobdir / STAGING_DIR, path.as_uri(), path
+    return jobdir / "output", (jobdir / "output").as_uri(), None
 
 
 def make_plan(
@@ -245,7 +264,7 @@ def make_plan(
         argv = [str(jobdir / "hostfile") if a == CLUSTER_HOSTFILE else a for a in argv]
     elif policy == "xgboost":
         nproc = _gpu_count(resources) or 1
-    out_dir, out_uri = output_for(manifest, jobdir)
+    out_dir, out_uri, out_target = output_for(manifest, jobdir)
     workdir = container.get("workingDir")
     return {
         "version": 1,
@@ -261,6 +280,7 @@ def make_plan(
         "cwd": workdir if workdir and os.path.isdir(workdir) else (cwd or os.getcwd()),
         "output_dir": str(out_dir),
         "output_uri": out_uri,
+        "output_target": str(out_target) if out_target else None,
         "initializers": _initializers(manifest, runtime, jobdir),
         "deadline_seconds": spec.get("activeDeadlineSeconds"),
         "secrets_dir": str(home / "secrets"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -21,10 +22,8 @@ from types import FrameType
 from typing import Any
 
 from trainflow.core.errors import CorruptState, PermissionDenied
-from trainflow.core.local import cleanup, lifeline, liveness, policies, reaper, store
+from trainflow.core.local import cleanup, lifeline, liveness, output_publish, policies, reaper, store
 from trainflow.core.local.nodes import Node, jobs_status
-from trainflow.core.reporting import STAGING_ENV
-from trainflow.core.storage import is_object_uri
 
 POLL_SECONDS = 0.02  # node exits are noticed within this; a poll is a few syscalls
 
@@ -60,7 +59,9 @@ class Supervisor:
             self.plan, obj, self.broken = {}, {}, f"{self.job.plan}: {exc}"
         self.last = obj  # the last good TrainJob object, to record a failure over a corrupted file
         self.uid = str((obj.get("metadata") or {}).get("uid", ""))
+        self.identity = {k: str((obj.get("metadata") or {}).get(k) or "") for k in ("namespace", "name")}
         self.nodes: list[Node] = []
+        self.launch_id = ""
         self.stop = False
         self._spec_key: tuple[int, int] | None = None
         self._spec: dict[str, Any] = obj.get("spec") or {}
@@ -149,9 +150,8 @@ class Supervisor:
         env.update(policies.policy_env(self.plan, index, port))
         for init in self.plan.get("initializers") or []:
             env[init["env"]] = init["target"]
-        env[policies.OUTPUT_ENV] = self.plan["output_uri"]
-        if is_object_uri(self.plan["output_uri"]):  # staged in the job dir, then published
-            env[STAGING_ENV] = self.plan["output_dir"]
+        identity = {**self.identity, "uid": self.uid, "attempt": self.launch_id}
+        env.update(policies.output_env(self.plan, index, identity))
         env[policies.NODE_RANK_ENV] = str(index)
         env[policies.WORKSPACE_ENV] = str(self.job.root / "workspace")
         env[store.JOB_DIR_ENV] = str(self.job.root)
@@ -159,6 +159,7 @@ class Supervisor:
         return env
 
     def launch(self) -> None:
+        self.launch_id = secrets.token_hex(6)
         self.job.logs.mkdir(exist_ok=True)
         port = policies.free_port()
         step = str(self.plan.get("step", "node"))
@@ -273,6 +274,7 @@ class Supervisor:
             if all(code == 0 for code in codes):
                 reaper.stop_descendants(STOP_GRACE_SECONDS / 5)  # nothing of the job outlives it
                 self.write_nodes()
+                self.log(output_publish.publish_planned(self.plan))  # a failure fails the job (fail())
                 self.update_status(
                     conditions=[
                         (
@@ -309,9 +311,8 @@ class Supervisor:
 
     def fail(self, exc: Exception) -> None:
         """Record the failure; over a corrupted trainjob.json, from the last good object the supervisor read."""
-        if isinstance(exc, StartError | CorruptState):
-            reason = exc.reason if isinstance(exc, StartError) else "StateCorrupted"
-            text = str(exc)
+        if isinstance(exc, StartError | CorruptState | output_publish.OutputPublishFailed):
+            reason, text = exc.reason, str(exc)
         elif isinstance(exc, OSError) and cleanup.no_space(exc):
             cleanup.release(self.job.root)  # room for this last status write
             reason = "DiskFull"
