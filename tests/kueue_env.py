@@ -203,13 +203,29 @@ def release_once_all_wait(api_client: Any, namespace: str, jobs: int, settle: fl
         thread.join(10)
 
 
+def _watch_error(exc: BaseException) -> str:
+    """``transient <status>`` for what a reflector retries (410, 429, 5xx, connection errors), else its repr
+    with the status and reason an ``ApiException`` keeps out of its repr."""
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(exc, ApiException):
+        status = int(exc.status or 0)
+        if status in (410, 429) or status >= 500:
+            return f"transient {status} {exc.reason}"
+        return f"ApiException {status} {exc.reason}: {(exc.body or '')[:300]}"
+    if isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError):
+        return f"transient {exc!r}"
+    return repr(exc)
+
+
 @contextmanager
 def admission_watch(api_client: Any, namespace: str) -> Iterator[dict[str, Any]]:
     """While inside: watch the namespace's Workloads and record the most that held quota at once
     (``seen["max"]``) and every Workload seen (``seen["names"]``), from Kueue's Workload status."""
     from kubernetes import client, watch
 
-    seen: dict[str, Any] = {"max": 0, "names": set(), "errors": []}
+    seen: dict[str, Any] = {"max": 0, "names": set(), "errors": [], "retried": []}
     stop = threading.Event()
 
     def run() -> None:
@@ -229,8 +245,11 @@ def admission_watch(api_client: Any, namespace: str) -> Iterator[dict[str, Any]]
                     seen["max"] = max(seen["max"], len(holding))
                     if stop.is_set():
                         break
-            except Exception as exc:  # recorded: a test asserting on the watch fails with it
-                seen["errors"].append(repr(exc))
+            except Exception as exc:
+                # as client-go's reflector: 410, 429, 5xx and a dropped connection restart the watch (its
+                # ADDED events rebuild ``holding``); anything else is recorded and fails the asserting test
+                kind = _watch_error(exc)
+                seen["retried" if kind.startswith("transient") else "errors"].append(kind)
                 time.sleep(0.5)
             finally:
                 w.stop()

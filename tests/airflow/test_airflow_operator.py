@@ -238,8 +238,11 @@ def test_sigterm_to_a_running_task_deletes_its_trainjob(
         )
         os.kill(proc.pid, signal.SIGTERM)  # dag.test runs the task in this process
         wait_for(lambda: not local_backend.list(), 60, "the TrainJob to be deleted")
+        # on_kill logs after its delete returns: wait for that line, not only for the deletion it reports
+        line = f"Task killed: deleted TrainJob default/{job.name}: True"
+        wait_for(lambda: line in log.read_text() or proc.poll() is not None, 120, "on_kill's log line")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert f"Task killed: deleted TrainJob default/{job.name}: True" in log.read_text()
+    assert line in log.read_text()
