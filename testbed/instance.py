@@ -13,7 +13,7 @@ import control_plane
 import kwok
 import toolkit
 from kubectl import Kubectl
-from layout import CONTEXT, TRAINER_FEATURE_GATES, TS, Layout, TestbedError, components, log
+from layout import CONTEXT, TRAINER_FEATURE_GATES, TS, Layout, TestbedError, components, log, read_versions
 from pki import make_pki, write_kubeconfig
 from procs import instance_pids, pid_of, running, stop_all
 from ready import admin_ssl, http_ok, port_free, wait_for
@@ -151,9 +151,7 @@ def write_state(
         "context": CONTEXT,
         "server": api,
         "ports": P,
-        "versions": dict(
-            line.split("=", 1) for line in (L.bin / "VERSIONS").read_text().split() if "=" in line
-        ),
+        "versions": read_versions(L.bin),
         "webhooks": True,
         "mode": "pods" if L.pods else "kwok",
         "trainer_feature_gates": TRAINER_FEATURE_GATES,

@@ -74,6 +74,12 @@ TS = float(os.environ.get("TRAINFLOW_TESTBED_TIMEOUT_SCALE", "2"))
 TRAINER_FEATURE_GATES = os.environ.get("TRAINFLOW_TESTBED_TRAINER_FEATURE_GATES", "")
 
 
+def read_versions(bin_dir: Path) -> dict[str, str]:
+    """The ``name=value`` lines of a build's ``VERSIONS`` file (what it pinned and how long it took)."""
+    text = (Path(bin_dir) / "VERSIONS").read_text()
+    return dict(line.split("=", 1) for line in text.split() if "=" in line)
+
+
 class TestbedError(RuntimeError):
     pass
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from layout import read_versions
 
 NAME = "kueue"
 NAMESPACE = "kueue-system"
@@ -252,8 +253,7 @@ def state(L: Any) -> dict[str, Any]:
     if not L.kueue_file.exists():
         return {"kueue": None}
     info = json.loads(L.kueue_file.read_text())
-    versions = Path(info["kueue_bin"]) / "VERSIONS"
-    pinned = dict(line.split("=", 1) for line in versions.read_text().split() if "=" in line)
+    pinned = read_versions(Path(info["kueue_bin"]))
     return {
         "kueue": {
             "version": pinned.get("kueue"),

@@ -13,6 +13,7 @@ from typing import Any
 
 import node
 import yaml
+from layout import read_versions
 
 PATH_EXTRA = "/usr/sbin:/sbin"
 
@@ -228,7 +229,7 @@ def corefile(L: Any, net: node.Net, context: str) -> str:
 
 
 def _versions(nb: Path) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in (nb / "VERSIONS").read_text().split() if "=" in line)
+    return read_versions(nb)
 
 
 def env(nb: Path) -> dict[str, str]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import oci
 import yaml
+from layout import read_versions
 
 NAMESPACE = "kubeflow-system"
 DEPLOYMENT = "kubeflow-trainer-controller-manager"
@@ -172,8 +173,7 @@ def remove_containers(sock: Path, nb: Path) -> None:
 
 
 def _trainer_version(L: Any) -> str:
-    versions = dict(line.split("=", 1) for line in (L.bin / "VERSIONS").read_text().split() if "=" in line)
-    return versions["trainer"]
+    return read_versions(L.bin)["trainer"]
 
 
 def _kustomize(tb: Any, k: Any, path: Path) -> list[dict[str, Any]]:

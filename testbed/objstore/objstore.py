@@ -22,6 +22,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from layout import read_versions
+
 NAME = "objstore"
 PORT_OFFSET = 12  # after the control plane's ten ports and Kueue's two
 SERVICE = "objstore"
@@ -137,8 +139,7 @@ def state(L: Any) -> dict[str, Any]:
     if not L.objstore_file.exists():
         return {"objstore": None}
     info = json.loads(L.objstore_file.read_text())
-    versions = Path(info["objstore_bin"]) / "VERSIONS"
-    pinned = dict(line.split("=", 1) for line in versions.read_text().split() if "=" in line)
+    pinned = read_versions(Path(info["objstore_bin"]))
     return {
         "objstore": {
             "server": "versitygw",
