@@ -2,25 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from typing import Any
 
+from trainflow.core.reporting import parse_report_line
 from trainflow.core.result import metric_value
-
-REPORT_PREFIX = "TRAINFLOW_REPORT "
-
-
-def parse_report_line(line: str) -> dict[str, Any] | None:
-    """The JSON object of one report line (prefix anywhere, e.g. after a timestamp), or None."""
-    at = line.find(REPORT_PREFIX)
-    if at < 0:
-        return None
-    try:
-        data = json.loads(line[at + len(REPORT_PREFIX) :].strip())
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def last_report(lines: Iterable[str]) -> tuple[dict[str, float | str], int | None]:

@@ -23,7 +23,6 @@ from typing import Any
 
 from trainflow.core.errors import CorruptState
 from trainflow.core.local import liveness, reaper, trust
-from trainflow.core.reporting import LOCAL_JOB_ENV
 
 TRAINJOB_FILE = "trainjob.json"
 PLAN_FILE = "plan.json"
@@ -38,7 +37,6 @@ SUPERVISOR_LOCK = ".supervisor.lock"
 LOGS_DIR = "logs"
 
 HOME_ENV = "TRAINFLOW_HOME"
-JOB_DIR_ENV = LOCAL_JOB_ENV  # the trainer reads it through reporting
 JOB_UID_ENV = "TRAINFLOW_LOCAL_JOB_UID"
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from trainflow.core.errors import CorruptState, PermissionDenied
 from trainflow.core.local import cleanup, lifeline, liveness, output_publish, policies, reaper, store
 from trainflow.core.local.nodes import Node, jobs_status
+from trainflow.core.reporting import LOCAL_JOB_ENV
 
 POLL_SECONDS = 0.02  # node exits are noticed within this; a poll is a few syscalls
 
@@ -154,7 +155,7 @@ class Supervisor:
         env.update(policies.output_env(self.plan, index, identity))
         env[policies.NODE_RANK_ENV] = str(index)
         env[policies.WORKSPACE_ENV] = str(self.job.root / "workspace")
-        env[store.JOB_DIR_ENV] = str(self.job.root)
+        env[LOCAL_JOB_ENV] = str(self.job.root)  # where reporting writes metrics
         env[store.JOB_UID_ENV] = self.uid
         return env
 
