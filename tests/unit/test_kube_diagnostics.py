@@ -345,7 +345,7 @@ def test_finish_reads_metrics_and_a_function_trainers_return_value_in_one_log_re
         return waiter
 
     api = LogApi()
-    result = run(finish(job({RETURNS_ANNOTATION: "json"}, []), True, 200), api)
+    result = run(finish(job({RETURNS_ANNOTATION: "json"}, []), True, 200), api).result
     assert (result.return_value, result.metrics, api.calls) == (
         {"acc": 0.93},
         {"loss": 0.5},
@@ -353,13 +353,13 @@ def test_finish_reads_metrics_and_a_function_trainers_return_value_in_one_log_re
     )
     api = LogApi()
     served = [{"name": "loss", "value": "0.25"}]
-    result = run(finish(job({RETURNS_ANNOTATION: "json"}, served), True, 200), api)
+    result = run(finish(job({RETURNS_ANNOTATION: "json"}, served), True, 200), api).result
     assert (result.return_value, result.metrics) == (
         {"acc": 0.93},
         {"loss": 0.25},
     )  # the server's metrics win
     api = LogApi()
-    result = run(finish(job({}, served), True, 200), api)
+    result = run(finish(job({}, served), True, 200), api).result
     assert (result.return_value, api.calls) == (None, [])
 
 

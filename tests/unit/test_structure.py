@@ -204,7 +204,18 @@ LAYERS: list[tuple[str, list[str]]] = [
             "core/credentials.py",
         ],
     ),
-    ("status", ["core/result.py", "core/kueue.py", "core/observe.py", "core/history.py", "core/logtail.py"]),
+    (
+        "status",
+        [
+            "core/result.py",
+            "core/kueue.py",
+            "core/observe.py",
+            "core/history.py",
+            "core/logtail.py",
+            "core/reportlog.py",
+            "core/ending.py",
+        ],
+    ),
     ("lifecycle", ["core/lifecycle.py"]),
     (
         "API boundary",

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "Backend": "backend",
-    "get_backend": "backend",
+    "get_backend": "connection",
     "Diagnostics": "errors",
     "FieldIssue": "errors",
     "InvalidRequest": "errors",
@@ -88,7 +88,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from trainflow.core.backend import Backend, get_backend
+    from trainflow.core.backend import Backend
+    from trainflow.core.connection import get_backend
     from trainflow.core.errors import (
         Diagnostics,
         FieldIssue,

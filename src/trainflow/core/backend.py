@@ -1,6 +1,6 @@
 """One interface over where TrainJobs run: a Kubernetes cluster, or the embedded local engine.
 
-A backend does the I/O; the rules sit above it: ``lifecycle`` (identity, attempts, adoption) and ``observe``
+A backend does the I/O (``connection.get_backend`` makes one); the rules sit above it: ``lifecycle`` (identity, attempts, adoption) and ``observe``
 (reading status while waiting). ``submit`` is ``lifecycle.launch(...).ref``.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from trainflow.core.ending import Ending
 from trainflow.core.logsink import LogSink
 from trainflow.core.observe import UpdateCallback
 from trainflow.core.request import TrainJobRequest
@@ -68,6 +69,32 @@ class Backend(Protocol):
     def get(self, ref: JobRef | str) -> TrainJobResult:
         """Current state of one TrainJob; ``TrainJobNotFound`` if it does not exist."""
 
+    def wait_ending(
+        self,
+        ref: JobRef | str,
+        timeout: float | None = None,
+        *,
+        deadline: float | None = None,
+        diagnose: bool = True,
+        on_update: UpdateCallback | None = None,
+        logs: LogSink | None = None,
+    ) -> Ending:
+        """Block until the job ends (Complete, Failed, given up for its queue budget, gone) or the absolute
+        ``deadline`` (epoch seconds) passes; meanwhile copy the output of ``logs.steps`` as it is written.
+        ``diagnose``: a Failed ending carries what the pods, events and logs say."""
+
+    async def wait_ending_async(
+        self,
+        ref: JobRef | str,
+        timeout: float | None = None,
+        *,
+        deadline: float | None = None,
+        diagnose: bool = True,
+        on_update: UpdateCallback | None = None,
+        logs: LogSink | None = None,
+    ) -> Ending:
+        """``wait_ending`` for event loops (the Airflow triggerer); waiters share one watch per namespace."""
+
     def wait(
         self,
         ref: JobRef | str,
@@ -78,8 +105,7 @@ class Backend(Protocol):
         on_update: UpdateCallback | None = None,
         logs: LogSink | None = None,
     ) -> TrainJobResult:
-        """Block until Complete or Failed, or until the absolute ``deadline`` (epoch seconds); meanwhile copy
-        the output of ``logs.steps`` as it is written."""
+        """``wait_ending``'s result, or the typed error of its ending (``Ending.outcome``)."""
 
     async def wait_async(
         self,
@@ -91,7 +117,7 @@ class Backend(Protocol):
         on_update: UpdateCallback | None = None,
         logs: LogSink | None = None,
     ) -> TrainJobResult:
-        """``wait`` for event loops (the Airflow triggerer); waiters share one watch per namespace."""
+        """``wait_ending_async``'s result, or the typed error of its ending."""
 
     def logs(
         self,
@@ -119,22 +145,60 @@ class Backend(Protocol):
         """Clear spec.suspend."""
 
 
-def get_backend(name: BackendName | str = "local", **config: Any) -> Backend:
-    """Make a backend: ``"local"`` (embedded engine, no cluster) or ``"kubernetes"``.
+class WaitsByEnding:
+    """A backend's ``wait`` and ``wait_async`` from its ``wait_ending``: the result, or the typed error (one
+    rule for both engines)."""
 
-    kubernetes config: ``kubeconfig``, ``context``, ``namespace``, ``in_cluster``, ``config_dict``,
-    ``verify_ssl``.
-    local config: ``home`` (state directory; default ``$TRAINFLOW_HOME`` or the user data dir), ``namespace``.
-    The names and values are read as ``connection.connection_config`` reads them (``cluster_context``,
-    ``kubeconfig_path``, ``local_home`` too; a bad value or backend is an InvalidRequest naming it).
-    """
-    from trainflow.core.connection import connection_config
+    def wait_ending(
+        self,
+        ref: JobRef | str,
+        timeout: float | None = None,
+        *,
+        deadline: float | None = None,
+        diagnose: bool = True,
+        on_update: UpdateCallback | None = None,
+        logs: LogSink | None = None,
+    ) -> Ending:
+        raise NotImplementedError
 
-    backend, kwargs = connection_config({**config, "backend": name})
-    if backend == "local":
-        from trainflow.core.local.engine import LocalBackend
+    async def wait_ending_async(
+        self,
+        ref: JobRef | str,
+        timeout: float | None = None,
+        *,
+        deadline: float | None = None,
+        diagnose: bool = True,
+        on_update: UpdateCallback | None = None,
+        logs: LogSink | None = None,
+    ) -> Ending:
+        raise NotImplementedError
 
-        return LocalBackend(**kwargs)
-    from trainflow.core.kube.backend import KubernetesBackend
+    def wait(
+        self,
+        ref: JobRef | str,
+        timeout: float | None = None,
+        *,
+        deadline: float | None = None,
+        raise_on_failure: bool = True,
+        on_update: UpdateCallback | None = None,
+        logs: LogSink | None = None,
+    ) -> TrainJobResult:
+        ending = self.wait_ending(
+            ref, timeout, deadline=deadline, diagnose=raise_on_failure, on_update=on_update, logs=logs
+        )
+        return ending.outcome(raise_on_failure)
 
-    return KubernetesBackend(**kwargs)
+    async def wait_async(
+        self,
+        ref: JobRef | str,
+        timeout: float | None = None,
+        *,
+        deadline: float | None = None,
+        raise_on_failure: bool = True,
+        on_update: UpdateCallback | None = None,
+        logs: LogSink | None = None,
+    ) -> TrainJobResult:
+        ending = await self.wait_ending_async(
+            ref, timeout, deadline=deadline, diagnose=raise_on_failure, on_update=on_update, logs=logs
+        )
+        return ending.outcome(raise_on_failure)

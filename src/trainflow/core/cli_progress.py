@@ -18,7 +18,6 @@ import click
 
 from trainflow.core.backend import Backend
 from trainflow.core.charts import document, duration, number
-from trainflow.core.errors import TrainJobFailed, WaitTimeout
 from trainflow.core.result import JobRef, JobState, TrainJobResult
 
 if TYPE_CHECKING:
@@ -143,7 +142,7 @@ def wait_live(
     metrics: tuple[str, ...] = (),
 ) -> TrainJobResult:
     """Wait with the live display, copying the logs of the ``follow`` steps; write the chart (also of a failed
-    or timed-out wait: what was seen)."""
+    or timed-out wait: what was seen); the Complete result, or the ending's typed error."""
     started = time.monotonic()
     seen: list[TrainJobResult | None] = [None]
     sink = log_sink(follow) if follow else None
@@ -153,17 +152,13 @@ def wait_live(
             seen[0] = result
             show(result)
 
-        try:
-            result = backend.wait(ref, timeout, on_update=on_update, logs=sink)
-        except (TrainJobFailed, WaitTimeout) as exc:
-            last = exc.result if isinstance(exc, TrainJobFailed) else seen[0]
-            if chart and last is not None:
-                write_chart(last, chart, metrics)
-            raise
-    click.echo(f"{result.state.value} after {time.monotonic() - started:.1f}s", err=True)
-    if chart:
-        write_chart(result, chart, metrics)
-    return result
+        ending = backend.wait_ending(ref, timeout, on_update=on_update, logs=sink)
+    last = ending.result or seen[0]
+    if ending.succeeded and last is not None:
+        click.echo(f"{last.state.value} after {time.monotonic() - started:.1f}s", err=True)
+    if chart and last is not None:
+        write_chart(last, chart, metrics)
+    return ending.outcome()  # any other ending: its typed error, which ``cli.main`` turns into exit 1
 
 
 def write_chart(result: TrainJobResult, path: str, metrics: tuple[str, ...] = ()) -> None:

@@ -14,9 +14,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from trainflow.core.errors import FieldIssue, InvalidRequest
+
+if TYPE_CHECKING:
+    from trainflow.core.backend import Backend, BackendName
 
 BACKENDS = ("kubernetes", "k8s", "local")
 # get_backend's keywords (arguments; a KFP backend_config), with the other spellings adapters accept
@@ -209,3 +212,22 @@ def _parse_kubeconfig(value: Any) -> dict[str, Any] | None:
         except yaml.YAMLError:
             parsed = None
     return parsed if isinstance(parsed, dict) else None
+
+
+def get_backend(name: BackendName | str = "local", **config: Any) -> Backend:
+    """Make a backend: ``"local"`` (embedded engine, no cluster) or ``"kubernetes"``.
+
+    kubernetes config: ``kubeconfig``, ``context``, ``namespace``, ``in_cluster``, ``config_dict``,
+    ``verify_ssl``.
+    local config: ``home`` (state directory; default ``$TRAINFLOW_HOME`` or the user data dir), ``namespace``.
+    The names and values are read as ``connection_config`` reads them (``cluster_context``,
+    ``kubeconfig_path``, ``local_home`` too; a bad value or backend is an InvalidRequest naming it).
+    """
+    backend, kwargs = connection_config({**config, "backend": name})
+    if backend == "local":
+        from trainflow.core.local.engine import LocalBackend
+
+        return LocalBackend(**kwargs)
+    from trainflow.core.kube.backend import KubernetesBackend
+
+    return KubernetesBackend(**kwargs)

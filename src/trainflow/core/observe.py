@@ -27,6 +27,7 @@ feed each version of the TrainJob (or ``None`` when a quiet period passed) to ``
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -48,6 +49,18 @@ QUEUE_FIRST_LOOK = 1.0  # until Kueue has decided about a new Workload: 1, 2, 4,
 QUEUE_QUIET_UNTIL = 8.0  # an undecided Workload (or none yet) is news only after the reads 1, 2, 4 s apart
 QUEUE_BUDGET_EXPIRED = "QueueBudgetExceeded"
 UpdateCallback = Callable[[TrainJobResult], None]
+log = logging.getLogger(__name__)
+
+
+def tell(on_update: UpdateCallback | None, result: TrainJobResult | None) -> None:
+    """A waiter's update callback, the one guard of both engines: its failure is logged and never ends the
+    wait."""
+    if on_update is None or result is None:
+        return
+    try:
+        on_update(result)
+    except Exception:
+        log.exception("the on_update callback failed for TrainJob %s/%s", result.namespace, result.name)
 
 
 def resolve_deadline(timeout: float | None, deadline: float | None) -> float | None:

@@ -13,7 +13,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainflow.kfp import summary as step_summary
 from trainflow.kfp.artifacts import ArtifactLike, dataset_field, log_metrics, publish, result_metadata
@@ -22,6 +22,10 @@ from trainflow.kfp.identity import step_identity
 from trainflow.kfp.params import build_request_fields, clean, invalid, resolved
 from trainflow.kfp.steplog import fail, log
 from trainflow.kfp.task_config import WORKSPACE_MOUNT, apply_task_config, workspace_volume
+
+if TYPE_CHECKING:
+    from trainflow.core.ending import Ending
+    from trainflow.core.result import TrainJobResult
 
 # not part of the identity: how the step waits and reports, not what the TrainJob is
 STEP_ONLY = (
@@ -181,7 +185,7 @@ def _run_train_job(
     summary: ArtifactLike | None,
     report: ArtifactLike | None = None,
 ) -> tuple[str, str, str, str]:
-    from trainflow.core import QueueBudgetExceeded, TrainJobFailed, WaitTimeout, parse_request
+    from trainflow.core import parse_request
     from trainflow.core.lifecycle import launch
 
     started = time.monotonic()
@@ -238,21 +242,9 @@ def _run_train_job(
         # a reused (completed) job is waited on too: the wait reads what a fresh run's wait reads (metrics from
         # trainerStatus or rank 0's log, the function's return value); a plain read would miss them
         logs = None if launched.reused else sink
-        try:
-            result = be.wait(
-                ref, timeout=timeout, raise_on_failure=True, on_update=_on_update_printer(), logs=logs
-            )
-        except QueueBudgetExceeded as exc:  # the step gives up on it, as when it is cancelled (on_cancel)
-            cancel()
-            raise fail(str(exc)) from None
-        except TrainJobFailed as exc:
-            if logs is None:
-                _print_logs(be, ref)
-            raise fail(str(exc)) from None
-        except WaitTimeout as exc:
-            raise fail(f"{exc} (timeout={timeout}s); raise 'timeout' or check the job") from None
-    if not result.succeeded:  # never green for a job that did not complete
-        raise fail(f"TrainJob {ref} ended {result.state.value}: {result.reason or ''} {result.message or ''}")
+        ending = be.wait_ending(ref, timeout=timeout, on_update=_on_update_printer(), logs=logs)
+        shown = None if logs is not None else lambda: _print_logs(be, ref)  # a log it did not follow
+        result = _answer(ending, timeout, cancel, shown)
     log(f"TrainJob {ref} Complete; metrics={json.dumps(result.metrics, sort_keys=True)}")
     publish(result, launched.runtime, result.output_uri or request.output_uri, model, metrics)
     link = _summarize(
@@ -266,6 +258,26 @@ def _run_train_job(
     )
     log(f"step done in {time.monotonic() - started:.1f}s" + (f"; TrainJob page: {link}" if link else ""))
     return result.name, result.namespace, result.state.value, json.dumps(result.to_dict(), sort_keys=True)
+
+
+def _answer(
+    ending: Ending, timeout: float | None, give_up: Callable[[], None], show_logs: Callable[[], None] | None
+) -> TrainJobResult:
+    """The step's answer to how its wait ended: the Complete job's result; any other ending fails the step
+    (never green for a job that did not complete), giving up a job never admitted in time as ``on_cancel``
+    says, with the log of a failed job it did not follow."""
+    from trainflow.core.ending import EndKind
+
+    kind = ending.kind
+    if kind is EndKind.COMPLETE and ending.result is not None:
+        return ending.result
+    if kind is EndKind.QUEUE_BUDGET:
+        give_up()
+    elif kind is EndKind.FAILED and show_logs is not None:
+        show_logs()
+    if kind is EndKind.TIMED_OUT:
+        raise fail(f"{ending.message} (timeout={timeout}s); raise 'timeout' or check the job")
+    raise fail(ending.message or f"TrainJob {ending.ref} ended {kind.value}")
 
 
 def _summarize(
@@ -304,7 +316,7 @@ def wait_for_train_job(
     dashboard_url_template: str | None = None,
 ) -> tuple[str, str]:
     """Wait on a TrainJob created elsewhere; fail the step when it fails. Returns (state, result JSON)."""
-    from trainflow.core import InvalidRequest, TrainJobFailed, TrainJobNotFound, WaitTimeout
+    from trainflow.core import InvalidRequest
 
     try:
         if not clean(job_name):
@@ -320,13 +332,9 @@ def wait_for_train_job(
             log(f"TrainJob {job_name} {'deleted' if be.cancel(job_name) else 'was already gone'}")
 
     with cancel_on_sigterm(cancel):
-        try:
-            result = be.wait(job_name, timeout=clean(timeout), on_update=_on_update_printer())
-        except (TrainJobNotFound, WaitTimeout) as exc:
-            raise fail(str(exc)) from None
-        except TrainJobFailed as exc:
-            _print_logs(be, job_name)
-            raise fail(str(exc)) from None
+        ending = be.wait_ending(job_name, timeout=clean(timeout), on_update=_on_update_printer())
+        # not this step's job: one never admitted in time is left to its owner
+        result = _answer(ending, clean(timeout), lambda: None, lambda: _print_logs(be, job_name))
     log_metrics(metrics, result.metrics)
     _summarize(summary, result, template=dashboard_url_template)
     log(f"TrainJob {result.namespace}/{result.name} {result.state.value}")

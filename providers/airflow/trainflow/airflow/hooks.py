@@ -132,7 +132,7 @@ def make_backend(name: str, kwargs: Mapping[str, Any]) -> Backend:
     with _BACKENDS_LOCK:
         found = _BACKENDS.get(key)
         if found is None:
-            from trainflow.core.backend import get_backend
+            from trainflow.core.connection import get_backend
 
             found = get_backend(name, **dict(kwargs))
             _BACKENDS[key] = found

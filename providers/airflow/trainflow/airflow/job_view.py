@@ -104,15 +104,11 @@ def local_nodes(backend: Any, jref: Any) -> list[dict[str, Any]]:
 def live(backend: Any, jref: Any) -> tuple[Any, list[dict[str, Any]] | None, list[str], list[str]]:
     """(result, nodes, log tail, notes) of the task's own job (``task_job.owned``), read now; what fails is a
     note."""
-    from trainflow.core.errors import WaitTimeout
-
     notes: list[str] = []
     if backend.is_local:  # the local engine keeps every report: one look replays them into a history
         seen: list[Any] = []
-        try:
-            result = backend.wait(jref, timeout=0.3, raise_on_failure=False, on_update=seen.append)
-        except WaitTimeout:
-            result = seen[-1] if seen else backend.get(jref)
+        ending = backend.wait_ending(jref, timeout=0.3, diagnose=False, on_update=seen.append)
+        result = ending.result or (seen[-1] if seen else backend.get(jref))
     else:
         result = backend.get(jref)
         notes.append("Live from the cluster: the chart holds the current report; the wait records the rest.")

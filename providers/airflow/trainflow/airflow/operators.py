@@ -17,7 +17,6 @@ from trainflow.airflow.actions import DeleteTrainJobOperator, ResumeTrainJobOper
 from trainflow.airflow.arguments import TEMPLATED_ARGS
 from trainflow.airflow.base import TrainJobBaseOperator, fail_without_retry
 from trainflow.airflow.callbacks import DEFAULT_TIMEOUT, Callback, dotted_path, worker_updates
-from trainflow.airflow.compat_sdk import AirflowException
 from trainflow.airflow.identity import airflow_labels, idempotency_key, is_first_try, is_new_run, ti_identity
 from trainflow.airflow.links import extra_links
 from trainflow.airflow.logstream import (
@@ -237,7 +236,7 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
         self._publish(context, launched.ref, launched.attempt)
         self._record(context, launched.ref, launched.attempt)
         if launched.reused:  # a Complete job: the wait returns at once, with what a wait reads at the end
-            return self._finish(context, backend.wait(launched.ref), backend)
+            return self._end(context, backend.wait_ending(launched.ref), backend)
         deadline = self._deadline(context)
         if self.deferrable and not (launched.state and launched.state.terminal):  # as launch saw it
             self._defer(context, launched, deadline)
@@ -281,38 +280,15 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
     def execute_complete(
         self, context: Context, event: dict[str, Any], trainjob_lineage: dict[str, Any] | None = None
     ) -> Any:
-        """Resume after the trigger fired: one event says how the TrainJob ended (no backend needed)."""
-        from trainflow.core.result import TrainJobResult
+        """Resume after the trigger fired: its event is the wait's ending (no backend needed to read it)."""
+        from trainflow.core.ending import Ending
 
         self._lineage = lineage.Lineage.from_dict(trainjob_lineage or {})
-        status = event.get("status")
-        name, namespace = event.get("name", ""), event.get("namespace", "")
-        self._trainjob_ref = {"name": name, "namespace": namespace}
-        if status == "success":
-            return self._finish(context, TrainJobResult.from_dict(event["result"]))
-        if status == "failed":
-            if event.get("result"):
-                self._after_end(TrainJobResult.from_dict(event["result"]))
-            raise AirflowException(event.get("message") or f"TrainJob {namespace}/{name} failed")
-        if status == "queue_budget":
-            raise AirflowException(
-                self._on_queue_budget(self._ref(name, namespace), event.get("message") or "")
-            )
-        if status == "timeout":
-            self._on_timeout(self._ref(name, namespace))
-            from trainflow.airflow.compat_sdk import AirflowTaskTimeout
-
-            raise AirflowTaskTimeout(event.get("message") or f"TrainJob {namespace}/{name} timed out")
-        if status == "not_found":
-            raise AirflowException(
-                f"TrainJob {namespace}/{name} was deleted while the task waited for it; "
-                "a retry submits a new attempt"
-            )
-        raise AirflowException(f"Waiting for TrainJob {namespace}/{name} failed: {event.get('message')}")
+        ending = Ending.from_event(event)
+        self._trainjob_ref = {"name": ending.name, "namespace": ending.namespace}
+        return self._end(context, ending)
 
     def _wait_sync(self, context: Context, backend: Backend, launched: Launch, deadline: float | None) -> Any:
-        from trainflow.core.errors import QueueBudgetExceeded, TrainJobFailed, WaitTimeout
-
         ref = launched.ref
         sink = None
         if self.stream_logs:
@@ -320,27 +296,17 @@ class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOpera
         status = StatusLines(str(ref), self.log.info)
         updates = worker_updates(self.on_update_callback, self.log, self.callback_timeout)
         try:
-            result = backend.wait(
+            ending = backend.wait_ending(
                 ref,
                 deadline=deadline,
-                raise_on_failure=True,
+                diagnose=True,
                 on_update=status if updates is None else both(status, updates.submit),
                 logs=sink,
             )
-        except QueueBudgetExceeded as exc:
-            raise AirflowException(self._on_queue_budget(ref, str(exc), backend)) from None
-        except TrainJobFailed as exc:
-            self._after_end(exc.result, backend)
-            raise AirflowException(str(exc)) from None
-        except WaitTimeout as exc:
-            self._on_timeout(ref, backend)
-            from trainflow.airflow.compat_sdk import AirflowTaskTimeout
-
-            raise AirflowTaskTimeout(str(exc)) from None
         finally:
             if updates is not None:
                 updates.close()  # bounded: what is pending reaches the callback before the task ends
-        return self._finish(context, result, backend)
+        return self._end(context, ending, backend)
 
     @property
     def _max_log_lines(self) -> int:

@@ -12,11 +12,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainflow.airflow import lineage
+from trainflow.airflow.compat_sdk import AirflowException
 from trainflow.airflow.links import XCOM_KEY
 
 if TYPE_CHECKING:
     from trainflow.airflow.compat_sdk import Context
     from trainflow.core.backend import Backend
+    from trainflow.core.ending import Ending
     from trainflow.core.result import JobRef, TrainJobResult
 
 STATE_STORE_KEY = "trainflow_trainjob"
@@ -98,6 +100,32 @@ class TrainJobOutcomes:
         ti.xcom_push(key=XCOM_KEY, value={k: v for k, v in self._trainjob_ref.items() if v is not None})
 
     # -- endings ---------------------------------------------------------------------------------
+
+    def _end(self, context: Context, ending: Ending, backend: Backend | None = None) -> Any:
+        """The task's answer to how its wait ended: the one mapping of the worker and the deferred path."""
+        from trainflow.core.ending import EndKind
+
+        ref, kind = self._ref(ending.name, ending.namespace), ending.kind
+        if kind is EndKind.COMPLETE and ending.result is not None:
+            return self._finish(context, ending.result, backend)
+        if kind is EndKind.FAILED:
+            if ending.result is not None:
+                self._after_end(ending.result, backend)
+            raise AirflowException(ending.message or f"TrainJob {ref} failed")
+        if kind is EndKind.QUEUE_BUDGET:
+            raise AirflowException(self._on_queue_budget(ref, ending.message, backend))
+        if kind is EndKind.TIMED_OUT:
+            from trainflow.airflow.compat_sdk import AirflowTaskTimeout
+
+            self._on_timeout(ref, backend)
+            raise AirflowTaskTimeout(ending.message or f"TrainJob {ref} timed out")
+        if kind is EndKind.NOT_FOUND:
+            raise AirflowException(
+                f"TrainJob {ref} was deleted while the task waited for it; a retry submits a new attempt"
+            )
+        if kind is EndKind.STATE_UNKNOWN:  # left as it is: a retry reattaches to it or adopts what it became
+            raise AirflowException(ending.message)
+        raise AirflowException(f"Waiting for TrainJob {ref} failed: {ending.message or kind.value}")
 
     def _after_end(self, result: TrainJobResult, backend: Backend | None = None) -> None:
         """Every ending with a result (Complete or Failed): the result callback once, then on_finish_action."""

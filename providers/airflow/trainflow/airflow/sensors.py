@@ -129,13 +129,16 @@ class TrainJobSensor(BaseSensorOperator):
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
-        status = event.get("status")
-        ref = f"{event.get('namespace')}/{event.get('name')}"
-        if status == "success":
+        """Resume after the trigger fired: its event is the wait's ending."""
+        from trainflow.core.ending import Ending, EndKind
+
+        ending = Ending.from_event(event)
+        ref = f"{ending.namespace}/{ending.name}"
+        if ending.kind is EndKind.COMPLETE and ending.result is not None:
             self.log.info("TrainJob %s is Complete", ref)
-            return event.get("result")
-        if status == "timeout":
+            return ending.result.to_dict()
+        if ending.kind is EndKind.TIMED_OUT:
             from trainflow.airflow.compat_sdk import AirflowSensorTimeout
 
-            raise AirflowSensorTimeout(event.get("message") or f"TrainJob {ref} did not finish in time")
-        raise AirflowException(event.get("message") or f"TrainJob {ref}: {status}")
+            raise AirflowSensorTimeout(ending.message or f"TrainJob {ref} did not finish in time")
+        raise AirflowException(ending.message or f"TrainJob {ref}: {ending.kind.value}")

@@ -16,8 +16,9 @@ from trainflow.airflow.version_compat import task_instance_state
 
 if TYPE_CHECKING:
     from trainflow.core.backend import Backend
+    from trainflow.core.ending import Ending
     from trainflow.core.logsink import LogSink
-    from trainflow.core.result import JobRef, TrainJobResult
+    from trainflow.core.result import JobRef
 
 # Airflow >= 3.3 calls BaseTrigger.on_kill only when a user acts on the deferred task; before that the
 # only hook is cleanup(), which also runs on triggerer restarts (so it must check the task state first).
@@ -33,8 +34,8 @@ def _copied(start: Mapping[str, Mapping[str, Any]]) -> str:
 class TrainJobTrigger(BaseTrigger):
     """Fires exactly one event when the TrainJob is Complete or Failed, the deadline passes, or it is gone.
 
-    Event payload: ``{"status": "success"|"failed"|"timeout"|"not_found"|"error", "name", "namespace",
-    "result": TrainJobResult dict, "message", "diagnostics"}``. Waiting is the core's ``wait_async``: every
+    Event payload: the wait's ``Ending`` (``Ending.to_event``: ``status`` is its kind, with ``name``,
+    ``namespace`` and the result, message, diagnostics and state it has). Waiting is the core's ``wait_async``: every
     trigger of one triggerer shares one watch per (cluster, namespace), which re-lists on 410 Gone.
 
     Cancelling the deferred task (user kill) deletes the TrainJob when ``on_kill_action="delete"``; a
@@ -114,12 +115,8 @@ class TrainJobTrigger(BaseTrigger):
 
         return JobRef(name=self.name, namespace=self.namespace, uid=self.uid)
 
-    def _event(self, status: str, result: TrainJobResult | None = None, **extra: Any) -> TriggerEvent:
-        payload: dict[str, Any] = {"status": status, "name": self.name, "namespace": self.namespace}
-        if result is not None:
-            payload["result"] = result.to_dict()
-        payload.update(extra)
-        return TriggerEvent(payload)  # type: ignore[no-untyped-call]
+    def _event(self, ending: Ending) -> TriggerEvent:
+        return TriggerEvent(ending.to_event())  # type: ignore[no-untyped-call]
 
     async def _updates(self) -> LoopCallbacks | None:
         """The user's update callback, imported off the event loop; one that cannot be loaded is logged."""
@@ -153,41 +150,29 @@ class TrainJobTrigger(BaseTrigger):
     async def _outcome(
         self, backend: Backend, ref: JobRef, on_update: Any, sink: LogSink | None
     ) -> TriggerEvent:
-        from trainflow.core.errors import QueueBudgetExceeded, TrainJobFailed, TrainJobNotFound, WaitTimeout
+        from trainflow.core.ending import Ending, EndKind
 
         while True:
-            try:
-                result = await backend.wait_async(
-                    ref, deadline=self.deadline, raise_on_failure=True, on_update=on_update, logs=sink
-                )
-                return self._event("success", result)
-            except QueueBudgetExceeded as exc:  # never admitted in time: the operator applies on_kill_action
-                return self._event("queue_budget", exc.result, message=str(exc))
-            except TrainJobFailed as exc:
-                return self._event(
-                    "failed", exc.result, message=str(exc), diagnostics=exc.diagnostics.to_dict()
-                )
-            except WaitTimeout as exc:
-                return self._event("timeout", message=str(exc), state=exc.state)
-            except TrainJobNotFound as exc:
-                if not self.wait_for_creation:
-                    return self._event("not_found", message=str(exc))
-                if self.deadline is not None and time.time() >= self.deadline:
-                    return self._event(
-                        "timeout", message=f"TrainJob {ref} was not created before the deadline"
-                    )
-                self.log.info(
-                    "TrainJob %s does not exist yet; checking again in %ss", ref, self.poll_interval
-                )
-                await asyncio.sleep(self.poll_interval)
+            ending = await backend.wait_ending_async(
+                ref, deadline=self.deadline, diagnose=True, on_update=on_update, logs=sink
+            )
+            if ending.kind is not EndKind.NOT_FOUND or not self.wait_for_creation:
+                return self._event(ending)
+            if self.deadline is not None and time.time() >= self.deadline:
+                message = f"TrainJob {ref} was not created before the deadline"
+                return self._event(Ending(EndKind.TIMED_OUT, ref.namespace, ref.name, message=message))
+            self.log.info("TrainJob %s does not exist yet; checking again in %ss", ref, self.poll_interval)
+            await asyncio.sleep(self.poll_interval)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         updates = await self._updates()
         try:
             event = await self._wait(updates)
         except Exception as exc:  # anything unexpected still ends in exactly one event
+            from trainflow.core.ending import Ending
+
             self.log.exception("Waiting for TrainJob %s/%s failed", self.namespace, self.name)
-            event = self._event("error", message=f"{type(exc).__name__}: {exc}")
+            event = self._event(Ending.of_error(self._ref(), exc))
         if updates is not None:
             await updates.close()  # the updates are delivered before the task resumes (bounded)
         self._fired = True

@@ -11,6 +11,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from trainflow.core.backend import WaitsByEnding
+from trainflow.core.ending import Ending
 from trainflow.core.errors import AlreadyExists, NotFound, PermissionDenied, RuntimeNotFound, TrainJobNotFound
 from trainflow.core.kube import calls, kueue_reads, retry
 from trainflow.core.kube.auth import identity
@@ -20,9 +22,10 @@ from trainflow.core.kube.listwatch import WatchStats
 from trainflow.core.kube.logs import LogReader, StepTarget, step_target
 from trainflow.core.kube.plan import run
 from trainflow.core.kube.shared_watch import WatchKey
-from trainflow.core.kube.wait import WATCH_WINDOW, run_blocking, wait_for
+from trainflow.core.kube.wait import WaitSettings, run_blocking, wait_for
 from trainflow.core.logsink import LogSink
 from trainflow.core.observe import UpdateCallback, resolve_deadline
+from trainflow.core.reportlog import TAIL_LINES
 from trainflow.core.result import JobRef, TrainJobResult, result_from_trainjob
 
 if TYPE_CHECKING:
@@ -41,7 +44,7 @@ def _selector(labels: Mapping[str, str] | None) -> str | None:
     return ",".join(f"{k}={v}" for k, v in labels.items()) if labels else None
 
 
-class KubernetesBackend:
+class KubernetesBackend(WaitsByEnding):
     """TrainJobs on a Kubernetes cluster.
 
     Config: ``kubeconfig`` (one file, or several joined by ``:``), ``context``, ``in_cluster``,
@@ -67,7 +70,7 @@ class KubernetesBackend:
         verify_ssl: bool = True,
         submit_timeout: float = 300.0,
         pod_stuck_timeout: float = 120.0,
-        log_tail_lines: int = 200,
+        log_tail_lines: int = TAIL_LINES,
         retry_policy: retry.RetryPolicy = retry.DEFAULT_POLICY,
     ) -> None:
         self.cluster = load_cluster_config(
@@ -203,56 +206,68 @@ class KubernetesBackend:
         return run(kueue_reads.with_kueue(obj, result_from_trainjob(obj)), self.api)
 
     # --- wait -----------------------------------------------------------------------------------------
-    def window(self) -> float:
-        """How long a wait may go without news before it looks again (also bounds the stuck-in-Created check)."""
-        return max(5.0, min(WATCH_WINDOW, self.submit_timeout / 4))
+    def wait_settings(self) -> WaitSettings:
+        """What this connection's waits need of it (they never hold the backend)."""
+
+        def seen(stats: WatchStats) -> None:
+            self.last_wait_stats = stats
+
+        return WaitSettings(
+            cluster=self.cluster,
+            submit_timeout=self.submit_timeout,
+            pod_stuck_timeout=self.pod_stuck_timeout,
+            log_tail_lines=self.log_tail_lines,
+            known_runtime=self.cached_runtime,
+            on_stats=seen,
+        )
 
     def watch_key(self, namespace: str | None = None, job: str | None = None) -> WatchKey:
         """The key of the watch that waiters of this connection share (``job``: a sync waiter's own)."""
         return (identity(self.cluster), namespace or self.namespace, job)
 
-    def wait(
+    def wait_ending(
         self,
         ref: JobRef | str,
         timeout: float | None = None,
         *,
         deadline: float | None = None,
-        raise_on_failure: bool = True,
+        diagnose: bool = True,
         on_update: UpdateCallback | None = None,
         logs: LogSink | None = None,
-    ) -> TrainJobResult:
-        """Watch until Complete/Failed or the deadline (WaitTimeout; the job keeps running): ``wait_async`` on a
+    ) -> Ending:
+        """Watch until the job ends or the deadline passes (the job keeps running): ``wait_ending_async`` on a
         private event loop, watching this job and its pods only."""
         r, until = self._ref(ref), resolve_deadline(timeout, deadline)
         return run_blocking(
             wait_for(
-                self,
+                self.wait_settings(),
                 r,
                 deadline=until,
-                raise_on_failure=raise_on_failure,
+                diagnose=diagnose,
                 on_update=on_update,
                 logs=logs,
                 scope_job=True,
             )
         )
 
-    async def wait_async(
+    async def wait_ending_async(
         self,
         ref: JobRef | str,
         timeout: float | None = None,
         *,
         deadline: float | None = None,
-        raise_on_failure: bool = True,
+        diagnose: bool = True,
         on_update: UpdateCallback | None = None,
         logs: LogSink | None = None,
-    ) -> TrainJobResult:
-        """``wait`` for event loops: every waiter of this loop shares one watch per (connection, namespace)."""
+    ) -> Ending:
+        """``wait_ending`` for event loops: every waiter of this loop shares one watch per (connection,
+        namespace)."""
         r, until = self._ref(ref), resolve_deadline(timeout, deadline)
         return await wait_for(
-            self,
+            self.wait_settings(),
             r,
             deadline=until,
-            raise_on_failure=raise_on_failure,
+            diagnose=diagnose,
             on_update=on_update,
             logs=logs,
             scope_job=False,

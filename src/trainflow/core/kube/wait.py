@@ -17,9 +17,10 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from trainflow.core.ending import Ending, EndKind
 from trainflow.core.errors import (
     Diagnostics,
     QueueBudgetExceeded,
@@ -33,19 +34,44 @@ from trainflow.core.kube.auth import identity
 from trainflow.core.kube.http import open_transport
 from trainflow.core.kube.logfollow import Followers
 from trainflow.core.kube.plan import Plan, arun
-from trainflow.core.kube.reportlog import last_report
 from trainflow.core.kube.shared_watch import Mailbox, WatchKey, registry
 from trainflow.core.logsink import DRAIN_SECONDS, LogSink
-from trainflow.core.observe import Outcome, UpdateCallback, Waiter, ask_queue_later, observe, observe_queue
-from trainflow.core.reporting import return_value
-from trainflow.core.result import RETURNS_ANNOTATION, JobRef, JobState, TrainJobResult
+from trainflow.core.observe import (
+    Outcome,
+    UpdateCallback,
+    Waiter,
+    ask_queue_later,
+    observe,
+    observe_queue,
+    tell,
+)
+from trainflow.core.reportlog import read_tail
+from trainflow.core.result import RETURNS_ANNOTATION, JobRef, JobState
 
 if TYPE_CHECKING:
-    from trainflow.core.kube.backend import KubernetesBackend
+    from trainflow.core.kube.config import ClusterConfig
+    from trainflow.core.kube.listwatch import WatchStats
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 WATCH_WINDOW = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class WaitSettings:
+    """What a wait needs of its connection: the cluster, its bounds, and the runtimes it already read (the
+    wait never holds the backend)."""
+
+    cluster: ClusterConfig
+    submit_timeout: float
+    pod_stuck_timeout: float
+    log_tail_lines: int
+    known_runtime: Callable[[str, str, str], Any] | None = None
+    on_stats: Callable[[WatchStats], None] | None = None  # told the watch's counters as the wait starts
+
+    def window(self) -> float:
+        """How long a wait may go without news before it looks again (also bounds the stuck-in-Created check)."""
+        return max(5.0, min(WATCH_WINDOW, self.submit_timeout / 4))
 
 
 def run_blocking(coro: Coroutine[Any, Any, T]) -> T:
@@ -60,31 +86,25 @@ def run_blocking(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def finish(
-    waiter: Waiter, raise_on_failure: bool, log_tail_lines: int, captured: Diagnostics | None = None
-) -> Plan[TrainJobResult]:
-    """A waiter's terminal TrainJob -> its result, with the waiter's history and Kueue's word (preemptions, time
-    queued: one read): metrics from rank 0's log only when trainerStatus has none (and a function trainer's return
-    value from the same read); raise TrainJobFailed with diagnostics on Failed (with what the pods showed while
-    they existed: ``captured``)."""
+    waiter: Waiter, diagnose: bool, log_tail_lines: int, captured: Diagnostics | None = None
+) -> Plan[Ending]:
+    """A waiter's terminal TrainJob -> its ending, with the waiter's history and Kueue's word (preemptions, time
+    queued: one read) and what rank 0's log tail says (``reportlog.read_tail``); a Failed one with diagnostics
+    (``diagnose``; with what the pods showed while they existed: ``captured``)."""
     obj, seen = waiter.obj, waiter.result
     assert obj is not None and seen is not None
     result = yield from kueue_reads.with_kueue(obj, seen)
     returns = RETURNS_ANNOTATION in ((obj.get("metadata") or {}).get("annotations") or {})
     if result.state is JobState.COMPLETE and (returns or not result.metrics):
         lines = yield from diagnostics.rank0_log_tail(result.namespace, result.name, log_tail_lines)
-        metrics, progress = last_report(lines) if not result.metrics else ({}, None)
-        if metrics or progress is not None:
-            update = {"metrics": metrics, "progress": progress if progress is not None else result.progress}
-            result = result.replace(**update)
-        if returns:
-            result = result.replace(return_value=return_value(lines))
-    if result.state is JobState.FAILED and raise_on_failure:
+        result = read_tail(result, lines, returns)
+    if result.state is JobState.FAILED and diagnose:
         # on a real cluster the Job deletes its pods before the TrainJob turns Failed: name what was captured
         diag = diagnostics.with_first_crash(
             (yield from diagnostics.collect(result.namespace, result.name)), captured
         )
-        raise TrainJobFailed(result, diag)
-    return result
+        return Ending.of_error(result.ref, TrainJobFailed(result, diag))
+    return Ending.complete(result)
 
 
 def check_pods(
@@ -119,17 +139,7 @@ def timed_out(ref: JobRef, waiter: Waiter, waited: float, diag: Diagnostics | No
 
 def _told(on_update: UpdateCallback | None, out: Outcome) -> None:
     if out.changed:
-        _tell(on_update, out.result)
-
-
-def _tell(on_update: UpdateCallback | None, result: TrainJobResult | None) -> None:
-    """A caller's callback; its failure is logged and never ends the wait."""
-    if on_update is None or result is None:
-        return
-    try:
-        on_update(result)
-    except Exception:
-        log.exception("the on_update callback failed for TrainJob %s/%s", result.namespace, result.name)
+        tell(on_update, out.result)
 
 
 def _look(
@@ -140,7 +150,7 @@ def _look(
     outs = [observe(waiter, obj, time.time()) for obj in objs]
     for out in outs:
         if out.changed:
-            _tell(on_update, out.result)
+            tell(on_update, out.result)
     last = outs[-1]
     return dataclasses.replace(
         last,
@@ -150,75 +160,83 @@ def _look(
     )
 
 
-async def _confirm(box: Mailbox, ref: JobRef, started: float) -> dict[str, Any]:
+async def _confirm(box: Mailbox, ref: JobRef, started: float) -> dict[str, Any] | Ending:
     """At the deadline with the watch cut off from the server: read the job once, or say its state is unknown."""
     try:
         obj = await box.watch.get(ref.name)
     except Exception as exc:
-        raise StateUnknown(
+        unknown = StateUnknown(
             f"the wait for TrainJob {ref} reached its deadline after {time.time() - started:.0f}s while the API "
             f"server could not be reached ({exc}); its state is unknown and it was left as it is"
-        ) from None
-    if obj is None:
-        raise TrainJobNotFound(ref.namespace, ref.name)
-    return obj
+        )
+        return Ending.of_error(ref, unknown)
+    return obj if obj is not None else Ending(EndKind.NOT_FOUND, ref.namespace, ref.name, message=_gone(ref))
+
+
+def _gone(ref: JobRef) -> str:
+    return str(TrainJobNotFound(ref.namespace, ref.name))
 
 
 async def wait_for(
-    backend: KubernetesBackend,
+    settings: WaitSettings,
     ref: JobRef,
     *,
     deadline: float | None,
-    raise_on_failure: bool,
+    diagnose: bool,
     on_update: UpdateCallback | None,
     scope_job: bool,
     logs: LogSink | None = None,
-) -> TrainJobResult:
-    """Watch until Complete/Failed, a stuck pod, or the deadline (WaitTimeout; the job keeps running); meanwhile
-    copy the output of ``logs.steps`` as it is written."""
+) -> Ending:
+    """Watch until Complete/Failed, a stuck pod, the queue budget, the job's deletion or the deadline (the job
+    keeps running); meanwhile copy the output of ``logs.steps`` as it is written. ``diagnose``: a Failed
+    ending carries what the pods and events say (reads a caller that only wants the state does without)."""
     reg = registry()
-    key: WatchKey = (identity(backend.cluster), ref.namespace, ref.name if scope_job else None)
-    connect = functools.partial(open_transport, backend.cluster)
+    key: WatchKey = (identity(settings.cluster), ref.namespace, ref.name if scope_job else None)
+    connect = functools.partial(open_transport, settings.cluster)
     async with reg.subscribe(key, connect, ref.name) as box:
-        backend.last_wait_stats = box.watch.stats
-        followers = Followers(logs, box, backend.cached_runtime) if logs is not None else None
+        if settings.on_stats is not None:
+            settings.on_stats(box.watch.stats)
+        followers = Followers(logs, box, settings.known_runtime) if logs is not None else None
         try:
             own = kueue_reads.QUEUE_RECHECK_SECONDS if scope_job else None  # shared: when the job changes
-            return await _wait(backend, ref, box, deadline, raise_on_failure, on_update, followers, own)
+            return await _wait(settings, ref, box, deadline, diagnose, on_update, followers, own)
         finally:
             if followers is not None:
                 await followers.stop(DRAIN_SECONDS)
 
 
 async def _wait(
-    backend: KubernetesBackend,
+    settings: WaitSettings,
     ref: JobRef,
     box: Mailbox,
     deadline: float | None,
-    raise_on_failure: bool,
+    diagnose: bool,
     on_update: UpdateCallback | None,
     followers: Followers | None,
     queue_recheck: float | None,
-) -> TrainJobResult:
+) -> Ending:
     started = time.time()
-    waiter = Waiter(deadline, backend.submit_timeout, True, queue_reads=True, queue_recheck=queue_recheck)
+    waiter = Waiter(deadline, settings.submit_timeout, True, queue_reads=True, queue_recheck=queue_recheck)
     captured: list[Diagnostics] = []
     reg = registry()
     while True:
         # jittered, so waiters started together (triggerer restart, fan-out) do not wake together
-        window = backend.window() * random.uniform(0.8, 1.2)
+        window = settings.window() * random.uniform(0.8, 1.2)
         update = await reg.next_update(box, waiter.next_check(time.time(), window))
         objs: tuple[dict[str, Any] | None, ...] = (None,)
         crashed: tuple[dict[str, Any], ...] = ()
         if update is not None:
             if update.deleted:
-                raise TrainJobNotFound(ref.namespace, ref.name)
+                return Ending(EndKind.NOT_FOUND, ref.namespace, ref.name, message=_gone(ref))
             objs, crashed = update.objs or (None,), update.crashed
         out = _look(waiter, objs, on_update)
         if update is not None and update.queue:  # Kueue's word changed (the namespace's Workload watch)
             _told(on_update, observe_queue(waiter, update.queue[-1], time.time()))
         if out.timed_out and not box.watch.connected:
-            out = _look(waiter, (await _confirm(box, ref, started),), on_update)
+            confirmed = await _confirm(box, ref, started)
+            if isinstance(confirmed, Ending):
+                return confirmed
+            out = _look(waiter, (confirmed,), on_update)
         api = box.watch.api
         for pod in crashed:  # read the crashed container's log now: the Job deletes the pod soon
             diagnostics.keep_first_crash(captured, await arun(diagnostics.crash_of(ref.namespace, pod), api))
@@ -235,20 +253,18 @@ async def _wait(
                 ask_queue_later(waiter, time.time())
         failure: TrainJobFailed | None = QueueBudgetExceeded(out.result) if out.budget_expired else None
         if out.check_pods and waiter.result is not None and failure is None:
-            failure = await arun(check_pods(waiter, backend.pod_stuck_timeout, captured), api)
+            failure = await arun(check_pods(waiter, settings.pod_stuck_timeout, captured), api)
         if out.done:
             assert waiter.obj is not None
             tail = captured[0] if captured else None
-            return await arun(finish(waiter, raise_on_failure, backend.log_tail_lines, tail), api)
+            return await arun(finish(waiter, diagnose, settings.log_tail_lines, tail), api)
         if failure is not None:
-            if raise_on_failure:
-                raise failure
-            return failure.result  # type: ignore[no-any-return]
+            return Ending.of_error(ref, failure)
         diag = None
         if out.check_creation:
             diag = await arun(diagnostics.creation_failure(ref.namespace, ref.name), api)
         if out.timed_out or diag is not None:
-            raise await arun(timed_out(ref, waiter, time.time() - started, diag), api)
+            return Ending.of_error(ref, await arun(timed_out(ref, waiter, time.time() - started, diag), api))
 
 
 def _running(waiter: Waiter) -> bool:

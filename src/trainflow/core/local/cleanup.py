@@ -37,13 +37,16 @@ def kill_nodes(job: store.JobDir, uid: str) -> None:
 def mark_lost(job: store.JobDir) -> dict[str, Any] | None:
     """The supervisor died without finishing: stop its nodes and record Failed (in memory only on a full disk).
 
-    None when the job vanished meanwhile.
+    None when the job vanished meanwhile, or is being deleted (a cancel stopped its supervisor on purpose: the
+    job is gone, not lost, as on a cluster a deleted TrainJob is).
     """
     failed: dict[str, Any] | None = None
     try:
         with job.update() as obj:
             if store.is_terminal(obj) or job.supervisor_alive():
                 return obj  # it finished (or started) between our two looks
+            if (obj.get("metadata") or {}).get("deletionTimestamp"):
+                return None  # cancelled: its canceller stops the nodes and removes it
             kill_nodes(job, str(obj["metadata"].get("uid", "")))
             tail = " | ".join(store.tail_lines(job.log("supervisor"), 3))
             message = "the local supervisor process died; its nodes were stopped"

@@ -26,23 +26,22 @@ from pathlib import Path
 from typing import Any
 
 from trainflow.core import lifecycle
+from trainflow.core.backend import WaitsByEnding
+from trainflow.core.ending import Ending
 from trainflow.core.errors import (
     AlreadyExists,
     CorruptState,
     InvalidRequest,
     PermissionDenied,
-    TrainJobFailed,
     TrainJobNotFound,
-    WaitTimeout,
 )
-from trainflow.core.local import cleanup, diagnose, logs, policies, reports, store, trust
+from trainflow.core.local import cleanup, diagnose, logs, policies, store, trust
+from trainflow.core.local.waiting import LocalWait
 from trainflow.core.logsink import LogSink
-from trainflow.core.observe import UpdateCallback, Waiter, observe, resolve_deadline
-from trainflow.core.reporting import return_value
+from trainflow.core.observe import UpdateCallback, resolve_deadline
 from trainflow.core.request import TrainJobRequest
 from trainflow.core.result import (
     OUTPUT_URI_ANNOTATION,
-    RETURNS_ANNOTATION,
     JobRef,
     TrainJobResult,
     result_from_trainjob,
@@ -56,7 +55,7 @@ CANCEL_GRACE_SECONDS = 10.0
 log = logging.getLogger(__name__)
 
 
-class LocalBackend:
+class LocalBackend(WaitsByEnding):
     """Runs TrainJobs on this machine; state lives in files, so any process can get/wait/logs/cancel by name."""
 
     name = "local"
@@ -252,74 +251,45 @@ class LocalBackend:
         return diagnose.diagnose(job, result_from_trainjob(self._read(job, jref)).reason or "")
 
     # --- wait -----------------------------------------------------------------------------------------
-    def _look(
-        self,
-        ref: JobRef,
-        waiter: Waiter,
-        started: float,
-        on_update: UpdateCallback | None,
-        raise_on_failure: bool,
-        feeds: tuple[reports.Cursor, logs.Tails | None],
-    ) -> TrainJobResult | None:
-        """One look of ``wait``/``wait_async``: small file reads (fine on an event loop), new reports and lines."""
-        (cursor, tails), (jref, job) = feeds, self._job(ref)
-        obj = self._read(job, jref)
-        reports.replay(cursor, waiter, obj, now := time.time())
-        out = observe(waiter, obj, now)
-        if tails is not None:
-            tails.pump(final=out.done)
-        if out.changed and on_update is not None and out.result is not None:
-            on_update(out.result)
-        result = out.result
-        assert result is not None
-        if out.done:
-            if result.state.value == "Failed" and raise_on_failure:
-                raise TrainJobFailed(result, diagnose.diagnose(job, result.reason or ""))
-            if result.succeeded and RETURNS_ANNOTATION in (obj["metadata"].get("annotations") or {}):
-                tail = store.tail_lines(logs.log_path(job, str(jref), "node-0"), 200)
-                result = result.replace(return_value=return_value(tail))
-            return result
-        if out.timed_out:
-            raise WaitTimeout(result.namespace, result.name, result.state.value, time.time() - started)
-        return None
+    def _wait(
+        self, ref: JobRef | str, timeout: float | None, deadline: float | None, **how: Any
+    ) -> LocalWait:
+        jref, job = self._job(ref)
 
-    def wait(
+        def read() -> tuple[store.JobDir, dict[str, Any]]:
+            return job, self._read(job, jref)
+
+        return LocalWait(jref, job, read, deadline=resolve_deadline(timeout, deadline), **how)
+
+    def wait_ending(
         self,
         ref: JobRef | str,
         timeout: float | None = None,
         *,
         deadline: float | None = None,
-        raise_on_failure: bool = True,
+        diagnose: bool = True,
         on_update: UpdateCallback | None = None,
         logs: LogSink | None = None,
-    ) -> TrainJobResult:
-        jref, started = self._ref(ref), time.time()
-        waiter = Waiter(deadline=resolve_deadline(timeout, deadline))
-        feeds = self._feeds(jref, logs)
-        while (done := self._look(jref, waiter, started, on_update, raise_on_failure, feeds)) is None:
-            time.sleep(waiter.next_check(time.time(), self.poll_interval))
-        return done
+    ) -> Ending:
+        wait = self._wait(ref, timeout, deadline, diagnose=diagnose, on_update=on_update, sink=logs)
+        while (ending := wait.look()) is None:
+            time.sleep(wait.next_look(self.poll_interval))
+        return ending
 
-    async def wait_async(
+    async def wait_ending_async(
         self,
         ref: JobRef | str,
         timeout: float | None = None,
         *,
         deadline: float | None = None,
-        raise_on_failure: bool = True,
+        diagnose: bool = True,
         on_update: UpdateCallback | None = None,
         logs: LogSink | None = None,
-    ) -> TrainJobResult:
-        jref, started = self._ref(ref), time.time()
-        waiter = Waiter(deadline=resolve_deadline(timeout, deadline))
-        feeds = self._feeds(jref, logs)
-        while (done := self._look(jref, waiter, started, on_update, raise_on_failure, feeds)) is None:
-            await asyncio.sleep(waiter.next_check(time.time(), self.poll_interval))
-        return done
-
-    def _feeds(self, jref: JobRef, sink: LogSink | None) -> tuple[reports.Cursor, logs.Tails | None]:
-        job = self._job(jref)[1]  # what a wait reads between looks: the new reports, the followed logs
-        return reports.Cursor(job.root), logs.Tails(job, str(jref), sink) if sink is not None else None
+    ) -> Ending:
+        wait = self._wait(ref, timeout, deadline, diagnose=diagnose, on_update=on_update, sink=logs)
+        while (ending := wait.look()) is None:
+            await asyncio.sleep(wait.next_look(self.poll_interval))
+        return ending
 
     # --- logs -----------------------------------------------------------------------------------------
     def logs(
