@@ -17,14 +17,16 @@ from typing import Any
 
 import yaml
 
+from trainflow.core.naming import GROUP
+
 # libyaml when present: the pure-Python parser is far slower on the 3,000-line CRD (docs/benchmarks.md).
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 VENDORED_VERSION = "v2.3.0"
 _CRD_FILES = {
-    "TrainJob": "trainer.kubeflow.org_trainjobs.yaml",
-    "TrainingRuntime": "trainer.kubeflow.org_trainingruntimes.yaml",
-    "ClusterTrainingRuntime": "trainer.kubeflow.org_clustertrainingruntimes.yaml",
+    "TrainJob": f"{GROUP}_trainjobs.yaml",
+    "TrainingRuntime": f"{GROUP}_trainingruntimes.yaml",
+    "ClusterTrainingRuntime": f"{GROUP}_clustertrainingruntimes.yaml",
 }
 
 
