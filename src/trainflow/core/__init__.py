@@ -1,6 +1,6 @@
 """trainflow core: pipeline parameters -> validated, runtime-backed Kubeflow Trainer TrainJobs.
 
-Public API: TrainJobRequest, build_trainjob, get_backend, launch, TrainJobResult, JobRef, JobState, report,
+Public API: TrainJobRequest, build_trainjob, get_backend, launch, TrainJobResult, Ending, JobRef, JobState, report,
 and the errors InvalidRequest, TrainJobFailed, TrainJobNotFound, WaitTimeout. Names load on first use
 (PEP 562), so importing a submodule (the local supervisor, an Airflow DAG file) costs nothing extra.
 """
@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "Backend": "backend",
     "get_backend": "connection",
+    "EndKind": "ending",
+    "Ending": "ending",
     "Diagnostics": "errors",
     "FieldIssue": "errors",
     "InvalidRequest": "errors",
@@ -51,6 +53,8 @@ _EXPORTS = {
 __all__ = [
     "Backend",
     "Diagnostics",
+    "EndKind",
+    "Ending",
     "FieldIssue",
     "History",
     "HistoryPoint",
@@ -90,6 +94,7 @@ __all__ = [
 if TYPE_CHECKING:
     from trainflow.core.backend import Backend
     from trainflow.core.connection import get_backend
+    from trainflow.core.ending import Ending, EndKind
     from trainflow.core.errors import (
         Diagnostics,
         FieldIssue,
