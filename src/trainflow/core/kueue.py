@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from trainflow.core.naming import GROUP, QUEUE_LABEL
+from trainflow.core.naming import GROUP as TRAINER_GROUP
+from trainflow.core.naming import QUEUE_LABEL
 from trainflow.core.result import JobState, TrainJobResult, parse_time
 
-INTEGRATION = f"{GROUP}/trainjob"  # the Kueue integration that manages TrainJobs
+INTEGRATION = f"{TRAINER_GROUP}/trainjob"  # the Kueue integration that manages TrainJobs
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # Kueue labels a job's Workload with the job's uid
 GROUP = "kueue.x-k8s.io"
 VERSIONS = ("v1beta2", "v1beta1")  # v1beta2 since Kueue 0.15 (stored); v1beta1 on older releases
