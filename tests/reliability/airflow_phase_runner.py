@@ -37,7 +37,7 @@ def install(phase: str, marker: Path) -> None:
     from trainflow.core.local.engine import LocalBackend
 
     create = LocalBackend.create
-    wait = LocalBackend.wait
+    wait = LocalBackend.wait_ending  # the one wait every caller goes through (``wait`` returns its outcome)
 
     if phase == "before_create":
 
@@ -58,7 +58,7 @@ def install(phase: str, marker: Path) -> None:
             _reached(marker, phase, getattr(ref, "name", str(ref)))
             return wait(self, ref, *args, **kwargs)
 
-        LocalBackend.wait = _wait_marked  # type: ignore[method-assign]
+        LocalBackend.wait_ending = _wait_marked  # type: ignore[method-assign]
 
 
 def main() -> None:
