@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bounds import HANG
 from trainflow.airflow.operators import (
     DeleteTrainJobOperator,
     ResumeTrainJobOperator,
@@ -37,7 +38,7 @@ def test_suspend_resume_and_delete(trainflow_home: Path, local_backend) -> None:
     # operator returns what the job says at once (Queued, or still Running when the nodes were up; at load
     # 10-13 they were)
     assert suspended["state"] in ("Queued", "Running")
-    end = time.time() + 60
+    end = time.time() + HANG
     while local_backend.get(ref).state.value != "Queued" and time.time() < end:
         time.sleep(0.2)
     assert local_backend.get(ref).state.value == "Queued"
@@ -45,7 +46,7 @@ def test_suspend_resume_and_delete(trainflow_home: Path, local_backend) -> None:
     resumed = ResumeTrainJobOperator(task_id="resume", **common).execute({})
     # resuming is as asynchronous as suspending: the job may still say Queued; that it runs again is the check
     assert resumed["state"] in ("Queued", "Created", "Running")
-    end = time.time() + 60
+    end = time.time() + HANG
     while local_backend.get(ref).state.value != "Running" and time.time() < end:
         time.sleep(0.2)
     assert local_backend.get(ref).state.value == "Running"

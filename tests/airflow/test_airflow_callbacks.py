@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
 from trainflow.airflow.callbacks import LoopCallbacks, ThreadCallbacks, call_once, dotted_path, load
 from trainflow.airflow.operators import TrainJobOperator
 from trainflow.airflow.triggers import TrainJobTrigger
@@ -72,10 +73,10 @@ def test_on_the_event_loop_updates_arrive_in_order_and_bad_ones_are_bounded(capl
     async def ok(r: TrainJobResult) -> None:
         got.append(r.progress or 0)
 
-    asyncio.run(_deliver(ok, 5, 20))
+    asyncio.run(_deliver(ok, HANG, 20))
     assert got == list(range(20))
     got.clear()
-    asyncio.run(_deliver(lambda r: got.append(r.progress) or 1 / 0, 5, 3))  # a plain function, in a thread
+    asyncio.run(_deliver(lambda r: got.append(r.progress) or 1 / 0, HANG, 3))  # a plain function, in a thread
     assert got == [0, 1, 2] and caplog.text.count("raised; the wait goes on") == 3
 
     async def hangs(r: TrainJobResult) -> None:
@@ -88,16 +89,19 @@ def test_on_the_event_loop_updates_arrive_in_order_and_bad_ones_are_bounded(capl
 
 
 def test_the_event_loop_stays_free_while_a_plain_callback_blocks() -> None:
+    release = threading.Event()
+
     async def main() -> float:
-        runner = LoopCallbacks(lambda r: time.sleep(1.0), log, 5, "cb")
+        runner = LoopCallbacks(lambda r: release.wait(HANG), log, HANG, "cb")
         runner.submit(result(0))
         started = time.monotonic()
-        await asyncio.sleep(0.05)  # the loop runs while the callback sleeps in its thread
+        await asyncio.sleep(0.05)  # the loop runs while the callback blocks in its thread
         lag = time.monotonic() - started
+        release.set()
         await runner.close()
         return lag
 
-    assert asyncio.run(main()) < 0.5
+    assert asyncio.run(main()) < HANG / 2  # a callback run on the loop would block it until released (HANG)
 
 
 def test_on_a_worker_a_thread_delivers_and_close_is_bounded(caplog: Any) -> None:
@@ -108,11 +112,12 @@ def test_on_a_worker_a_thread_delivers_and_close_is_bounded(caplog: Any) -> None
     runner.close()
     assert got == list(range(10))
     hung = threading.Event()
-    slow = ThreadCallbacks(lambda r: hung.wait(30), log, 0.5, "slow")
+    slow = ThreadCallbacks(lambda r: hung.wait(HANG), log, 0.5, "slow")
     slow.submit(result(0))
     started = time.monotonic()
     slow.close()
-    assert time.monotonic() - started < 2.0 and "took over 0.5s" in caplog.text
+    # its 0.5 s timeout, not the hung callback's end (HANG)
+    assert time.monotonic() - started < HANG / 2 and "took over 0.5s" in caplog.text
     hung.set()
     call_once(lambda r: 1 / 0, result(1), log, 1.0)  # the result callback: logged, never raised
     call_once("no.such.module.fn", result(1), log, 1.0)
@@ -140,7 +145,7 @@ def test_the_trigger_calls_the_update_callback_for_each_report(trainflow_home: P
 
     async def run() -> dict[str, Any]:
         agen = trigger.run()
-        event = await asyncio.wait_for(agen.__anext__(), 120)
+        event = await asyncio.wait_for(agen.__anext__(), HANG)
         return dict(event.payload)
 
     payload = asyncio.run(run())

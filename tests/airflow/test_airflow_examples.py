@@ -11,6 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from bounds import HANG
+
 RUNNER = Path(__file__).resolve().parent / "dag_runner.py"
 EXAMPLE_DAGS = {
     "trainflow_retraining",
@@ -76,7 +78,7 @@ def dags_test(af, home: Path, tmp_path: Path, dag_id: str, *extra: str) -> dict:
     )
     elapsed = time.monotonic() - started
     assert result.returncode == 0 and "state=success" in result.stdout, result.stdout[-8000:]
-    summary = af.run([sys.executable, str(RUNNER), "--summary", dag_id], env, 300, tmp_path / "summary.log")
+    summary = af.run([sys.executable, str(RUNNER), "--summary", dag_id], env, HANG, tmp_path / "summary.log")
     assert summary.returncode == 0, summary.stdout[-4000:]
     line = [ln for ln in summary.stdout.splitlines() if ln.startswith('{"run_id"')][-1]
     print(f"airflow dags test {dag_id}: {elapsed:.0f}s")

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
 from browser import chart_points, chromium
 from trainflow.airflow.identity import airflow_labels, carries
 from trainflow.airflow.job_view import page_path, render_page
@@ -74,7 +75,7 @@ def test_a_running_job_is_read_live(
     )
     xcoms: dict[str, Any] = {"trainjob": {"name": ref.name, "namespace": ref.namespace, "conn_id": "absent"}}
     lines = Path(backend.job_dir(ref)) / "reports.jsonl"
-    for _ in range(600):
+    for _ in range(int(HANG / 0.1)):
         if lines.exists() and len(lines.read_text().splitlines()) >= 5:
             break
         time.sleep(0.1)
@@ -138,7 +139,7 @@ def teams(af: Any, airflow_db: Path, tmp_path_factory: pytest.TempPathFactory) -
     runs: dict[str, Any] = {"home_a": home_a, "home_b": home_b}
     for dag in ("tf_page_a", "tf_page_b"):
         log = tmp_path_factory.mktemp("logs") / f"{dag}.log"
-        result = af.run([sys.executable, str(RUNNER), dag, LOGICAL, LOGICAL], env, 600, log)
+        result = af.run([sys.executable, str(RUNNER), dag, LOGICAL, LOGICAL], env, HANG, log)
         assert result.returncode == 0, result.stdout[-6000:]
         summary = json.loads([x for x in result.stdout.splitlines() if x.startswith('{"run_id"')][-1])
         assert summary["state"] == "success", summary
@@ -222,7 +223,7 @@ def test_the_tasks_own_job_renders_with_its_namespaces_nodes(web: dict[str, Any]
             name=ref["name"], namespace="default", runtime="jax-distributed", function=twin_line, num_nodes=2
         )
     )
-    assert backend.wait(twin, timeout=300).state.value == "Complete"
+    assert backend.wait(twin, timeout=HANG).state.value == "Complete"
     forge(own, ref)
     status, html = served(own)
     assert status == 200, html

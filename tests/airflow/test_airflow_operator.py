@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from bounds import HANG
+
 pytestmark = pytest.mark.slow
 
 RUNNER = Path(__file__).resolve().parent / "dag_runner.py"
@@ -37,7 +39,7 @@ def run_dag(
     af, home: Path, dag_id: str, tmp_path: Path, conf: dict | None = None, run_after: str = LOGICAL
 ) -> dict:
     log = tmp_path / f"{dag_id}-{time.monotonic_ns()}.log"
-    result = af.run(dag_cmd(dag_id, run_after, conf), af.env(home, af.test_dags), 600, log)
+    result = af.run(dag_cmd(dag_id, run_after, conf), af.env(home, af.test_dags), HANG, log)
     assert result.returncode == 0, result.stdout[-6000:]
     return {**summary(result.stdout), "log": result.stdout}
 
@@ -60,7 +62,7 @@ def wait_for(predicate, timeout: float, what: str):
 
 
 def start_and_kill_when_running(
-    af, home: Path, backend, tmp_path: Path, seconds: int, run_after: str, gate: str = ""
+    af, home: Path, backend, tmp_path: Path, seconds: float, run_after: str, gate: str = ""
 ):
     """Start the DAG, SIGKILL the whole task process tree once its TrainJob runs; return the job."""
     log = tmp_path / "killed.log"
@@ -75,7 +77,7 @@ def start_and_kill_when_running(
     try:
         job = wait_for(
             lambda: next((j for j in backend.list() if j.state.value == "Running"), None),
-            240,
+            HANG,
             "a running TrainJob",
         )
     finally:
@@ -90,14 +92,14 @@ def test_killed_worker_rerun_reattaches_to_the_running_job(
 ):
     run_after = "2026-02-01T01:00:00"
     gate = tmp_path / "gate"  # the job runs until the rerun has reattached (however slow Airflow starts)
-    conf = {"seconds": 300, "gate": str(gate)}
-    job = start_and_kill_when_running(af, trainflow_home, local_backend, tmp_path, 300, run_after, str(gate))
+    conf = {"seconds": HANG, "gate": str(gate)}
+    job = start_and_kill_when_running(af, trainflow_home, local_backend, tmp_path, HANG, run_after, str(gate))
     assert not local_backend.get(job.ref).state.terminal  # the TrainJob outlived the killed worker
 
     def open_gate_once_reattached() -> None:
         wait_for(
             lambda: any("Reattaching" in p.read_text() for p in tmp_path.glob("tf_test_reattach-*.log")),
-            400,
+            HANG,
             "the rerun to reattach",
         )
         gate.touch()
@@ -114,7 +116,7 @@ def test_killed_worker_rerun_reattaches_to_the_running_job(
     assert [j.name for j in jobs] == [job.name]  # one TrainJob, not two
     result = out["xcoms"]["train[-1].return_value"]
     assert result["name"] == job.name and result["state"] == "Complete"
-    assert result["metrics"] == {"slept": 300.0} and result["return_value"] == {"slept": 300.0}, result
+    assert result["metrics"] == {"slept": HANG} and result["return_value"] == {"slept": HANG}, result
     assert out["xcoms"]["train[-1].job_name"] == job.name
     assert out["xcoms"]["train[-1].job_namespace"] == "default"
 
@@ -124,7 +126,7 @@ def test_rerun_after_completion_returns_result_without_resubmitting(
 ):
     run_after = "2026-02-01T02:00:00"
     job = start_and_kill_when_running(af, trainflow_home, local_backend, tmp_path, 3, run_after)
-    wait_for(lambda: local_backend.get(job.ref).succeeded, 120, "the orphaned TrainJob to complete")
+    wait_for(lambda: local_backend.get(job.ref).succeeded, HANG, "the orphaned TrainJob to complete")
 
     out = run_dag(af, trainflow_home, "tf_test_reattach", tmp_path, {"seconds": 3}, run_after=run_after)
     assert out["state"] == "success", out["tasks"]
@@ -153,7 +155,7 @@ def test_execution_timeout_holds_while_deferred_and_deletes_the_job(
 ):
     started = time.time()
     log = tmp_path / "timeout.log"
-    result = af.run(dag_cmd("tf_test_timeout", LOGICAL), af.env(trainflow_home, af.test_dags), 600, log)
+    result = af.run(dag_cmd("tf_test_timeout", LOGICAL), af.env(trainflow_home, af.test_dags), HANG, log)
     assert result.returncode == 0, result.stdout[-6000:]
     out = summary(result.stdout)
     assert out["state"] == "failed"
@@ -161,7 +163,7 @@ def test_execution_timeout_holds_while_deferred_and_deletes_the_job(
     assert "Pausing task as DEFERRED" in result.stdout
     assert "execution_timeout reached: deleted TrainJob" in result.stdout
     assert key_jobs(local_backend, "tf_test_timeout", out["run_id"]) == []
-    assert time.time() - started < 240  # the 300 s job did not run to the end
+    assert time.time() - started < HANG  # the hour-long job did not run to the end
 
 
 def test_task_trainjob_decorator_runs_the_function_with_templated_kwargs(
@@ -233,14 +235,14 @@ def test_sigterm_to_a_running_task_deletes_its_trainjob(
     try:
         job = wait_for(
             lambda: next((j for j in local_backend.list() if j.state.value == "Running"), None),
-            240,
+            HANG,
             "a running TrainJob",
         )
         os.kill(proc.pid, signal.SIGTERM)  # dag.test runs the task in this process
-        wait_for(lambda: not local_backend.list(), 60, "the TrainJob to be deleted")
+        wait_for(lambda: not local_backend.list(), HANG, "the TrainJob to be deleted")
         # on_kill logs after its delete returns: wait for that line, not only for the deletion it reports
         line = f"Task killed: deleted TrainJob default/{job.name}: True"
-        wait_for(lambda: line in log.read_text() or proc.poll() is not None, 120, "on_kill's log line")
+        wait_for(lambda: line in log.read_text() or proc.poll() is not None, HANG, "on_kill's log line")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from bounds import HANG
 from trainflow.airflow.operators import TrainJobOperator, airflow_labels, idempotency_key
 
 
@@ -147,10 +148,10 @@ def test_on_kill_deletes_even_when_the_interrupted_thread_holds_the_log_lock(
 
     handler = threading.Thread(target=interrupted_thread, daemon=True)
     handler.start()
-    handler.join(timeout=10)
+    handler.join(timeout=HANG)
     assert not handler.is_alive(), "on_kill blocked on a lock held by the thread it interrupted"
     assert cancelled == ["job-1"]
-    for _ in range(100):  # the log line follows once the interrupted write released its lock
+    for _ in range(int(HANG / 0.05)):  # the log line follows once the interrupted write released its lock
         if lines:
             break
         threading.Event().wait(0.05)

@@ -11,6 +11,8 @@ from typing import Any
 import jsonschema
 import pytest
 
+from bounds import HANG
+
 AIRFLOW_PKG = Path(__import__("airflow").__file__).parent
 
 
@@ -84,7 +86,7 @@ def test_providers_manager_registers_hook_form_decorator_and_config() -> None:
 
 def test_airflow_providers_list_shows_trainflow(af, airflow_db: Path, tmp_path: Path) -> None:
     result = af.run(
-        [str(af.bin / "airflow"), "providers", "list"], af.env(tmp_path), 180, tmp_path / "list.log"
+        [str(af.bin / "airflow"), "providers", "list"], af.env(tmp_path), HANG, tmp_path / "list.log"
     )
     assert result.returncode == 0, result.stdout[-3000:]
     line = next((ln for ln in result.stdout.splitlines() if ln.startswith("trainflow ")), None)
@@ -188,7 +190,11 @@ PARSE_TIME_CORE = {
 
 def test_dag_parse_does_not_import_heavy_modules(af, tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-c", PARSE_PROBE], capture_output=True, text=True, timeout=120, env=af.env(tmp_path)
+        [sys.executable, "-c", PARSE_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=HANG,
+        env=af.env(tmp_path),
     )
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("LOADED"))

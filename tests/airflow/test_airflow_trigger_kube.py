@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bounds import HANG
 from trainflow.airflow.triggers import TrainJobTrigger
 
 _HELPER = Path(__file__).resolve().parents[1] / "unit" / "fake_apiserver.py"
@@ -53,7 +54,8 @@ async def test_triggers_share_one_watch_and_each_fires_once(fake) -> None:
     triggers = [TrainJobTrigger(name=n, namespace="ns", conn_id="tf_fake") for n in names]
     gens = [t.run() for t in triggers]
     tasks = [asyncio.create_task(g.__anext__()) for g in gens]
-    for _ in range(600):  # the watch streams (list, then watch), or the jobs could complete before it opens
+    # the watch streams (list, then watch), or the jobs could complete before it opens
+    for _ in range(int(HANG / 0.1)):
         if fake.open_watches:
             break
         await asyncio.sleep(0.1)
@@ -65,7 +67,7 @@ async def test_triggers_share_one_watch_and_each_fires_once(fake) -> None:
     for name in names[:-1]:
         await asyncio.to_thread(fake.set_condition, name, "Complete", "AllJobsCompleted")
     await asyncio.to_thread(fake.set_condition, names[-1], "Failed", "DeadlineExceeded")
-    events = [e.payload for e in await asyncio.wait_for(asyncio.gather(*tasks), 60)]
+    events = [e.payload for e in await asyncio.wait_for(asyncio.gather(*tasks), HANG)]
     assert [e["status"] for e in events] == ["success"] * 19 + ["failed"]
     assert events[-1]["result"]["reason"] == "DeadlineExceeded"
     assert "DeadlineExceeded" in events[-1]["message"]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bounds import HANG
 from trainflow.core.schema import schema_errors
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +24,7 @@ def run(home: Path, *args: str, stdin: str | None = None) -> subprocess.Complete
         capture_output=True,
         text=True,
         input=stdin,
-        timeout=60,
+        timeout=HANG,
     )
 
 
@@ -123,7 +124,7 @@ def test_failed_job_exits_1_with_reason(tmp_path: Path) -> None:
         "fails",
         "--wait",
         "--timeout",
-        "60",
+        str(HANG),
         "--",
         "python3",
         "-c",

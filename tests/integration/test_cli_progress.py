@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from bounds import HANG
 from browser import chart_points, chromium
 from trainflow.core.local.reports import REPORTS_FILE
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(2 * HANG)  # a backstop above the waits' own hang detector
 
 EXE = Path(sys.executable).parent / "trainflow"
 PACED = str(Path(__file__).parent / "scripts" / "paced_reports.py")
@@ -39,13 +40,13 @@ def submit(home: Path, name: str, reports: int = 12, pause: float = 0.6) -> Path
         cli(home, "submit", "--name", name, "--", "python3", PACED, str(reports), str(pause), str(gate)),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG,
     )
     assert proc.returncode == 0, proc.stderr
     return gate
 
 
-def in_terminal(argv: list[str], gate: Path, columns: int = 160, timeout: float = 120) -> tuple[int, str]:
+def in_terminal(argv: list[str], gate: Path, columns: int = 160, timeout: float = HANG) -> tuple[int, str]:
     """Run ``argv`` with stdin, stdout and stderr on a pseudo-terminal; everything it drew, and its exit code.
     Opens ``gate`` once it has drawn something."""
     master, slave = os.openpty()
@@ -113,7 +114,7 @@ def test_a_pipe_gets_plain_lines_and_the_chart_file_holds_every_point(tmp_path: 
     assert waiting.stderr is not None
     first = waiting.stderr.readline()  # the wait's first line: the job is seen before it reports anything
     gate.touch()
-    out, err = waiting.communicate(timeout=120)
+    out, err = waiting.communicate(timeout=HANG)
     proc = subprocess.CompletedProcess(waiting.args, waiting.returncode, out, first + err)
     assert proc.returncode == 0, proc.stderr
     assert not ANSI.search(proc.stderr) and "━" not in proc.stderr
@@ -140,7 +141,7 @@ def test_a_pipe_gets_plain_lines_and_the_chart_file_holds_every_point(tmp_path: 
     again = tmp_path / "again.svg"
     later = tmp_path / "later.svg"
     for argv in (["chart", "--result", str(saved), "-o", str(again)], ["chart", "piped", "-o", str(later)]):
-        done = subprocess.run(cli(tmp_path, *argv), capture_output=True, text=True, timeout=60)
+        done = subprocess.run(cli(tmp_path, *argv), capture_output=True, text=True, timeout=HANG)
         assert done.returncode == 0, done.stderr
     with chromium() as browser:
         page = browser.new_page()
@@ -157,7 +158,7 @@ def test_chart_refuses_what_it_cannot_write(tmp_path: Path) -> None:
         (["wait", "x", "--step", "dataset-initializer"], "--follow"),
         (["wait", "x", "--follow", "--step", "rank0"], "dataset-initializer"),
     ):
-        proc = subprocess.run(cli(tmp_path, *argv), capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(cli(tmp_path, *argv), capture_output=True, text=True, timeout=HANG)
         assert proc.returncode == 2 and needle in proc.stderr, (argv, proc.stderr)
 
 
@@ -170,7 +171,7 @@ def test_follow_prints_the_initializer_steps_too(tmp_path: Path) -> None:
         cli(tmp_path, "submit", "--name", "init", "--dataset-uri", data.as_uri(), *follow, *trainer),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG,
     )
     assert proc.returncode == 0, proc.stderr
     assert f"[dataset-initializer] dataset-initializer: linked {data}" in proc.stdout, proc.stdout

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bounds import HANG
 from trainflow.core.ending import Ending, EndKind
 from trainflow.core.naming import MAX_QUEUE_ANNOTATION
 from trainflow.core.result import JobState
@@ -37,7 +38,6 @@ _spec.loader.exec_module(fake_apiserver)
 
 NS = "ns"
 OUTCOMES = ["complete", "failed", "callback-raises", "deadline", "queue-budget", "not-found", "deleted"]
-HANG = 600.0  # a hang detector for waits that end by themselves: far above any measured run (seconds)
 DEADLINE = 1.0  # the deadline outcome's timeout: the job runs on, the wait ends
 PY = "python"
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from bounds import HANG
+
 REPO = Path(__file__).resolve().parents[2]
 FUNCTIONS = REPO / "tests" / "data" / "functions" / "user_functions.py"
 # Loads only errors.py, reporting.py and function_trainer.py (no third-party imports), so a bare interpreter can
@@ -42,7 +44,7 @@ def _uv() -> str:
 
 
 def _run(*argv: str) -> str | None:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=HANG)
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
@@ -81,7 +83,7 @@ def test_code_shipped_from_a_312_client_runs_on_python_310(tmp_path: Path) -> No
         [client, "-c", CLIENT, str(REPO / "src" / "trainflow" / "core"), str(FUNCTIONS)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG,
         check=True,
     ).stdout
     assert "f\"{cfg['name']}\"" in shipped  # the user's quotes, not 3.12's unparse
@@ -89,7 +91,7 @@ def test_code_shipped_from_a_312_client_runs_on_python_310(tmp_path: Path) -> No
         [runtime, "-c", shipped, json.dumps({"cfg": {"name": "qwen"}})],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG,
         cwd=tmp_path,
     )
     assert run.returncode == 0, run.stderr

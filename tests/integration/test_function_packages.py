@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bounds import HANG
 from trainflow.core.function_trainer import function_command
 
 PACKAGE, VERSION = "tfdemo_pkg", "0.1"
@@ -48,7 +49,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """PATH and HOME of a fresh 'image': a virtualenv without pip (the step bootstraps it), a local index."""
     root = tmp_path_factory.mktemp("image")
     subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=300
+        [sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=HANG
     )
     project = root / "simple" / PACKAGE.replace("_", "-")
     project.mkdir(parents=True)
@@ -67,7 +68,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def _run(node: dict[str, str], argv: list[str]) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in node.items() if k in ("PATH", "HOME", "TMPDIR")}
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=node["HOME"])
+    return subprocess.run(argv, capture_output=True, text=True, timeout=HANG, env=env, cwd=node["HOME"])
 
 
 def test_packages_are_installed_once_per_node_then_the_function_runs(node: dict[str, str]) -> None:

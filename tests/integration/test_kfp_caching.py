@@ -15,6 +15,7 @@ import pytest
 import yaml
 from kfp import compiler, dsl, local
 
+from bounds import HANG
 from trainflow.core import JobState, get_backend
 from trainflow.kfp import get_train_job, train_job, wait_train_job
 
@@ -123,7 +124,7 @@ def test_state_steps_never_return_a_cached_state(
     look()
     first = capfd.readouterr().out
     gate.touch()
-    be.wait(ref, timeout=120)
+    be.wait(ref, timeout=HANG)
     look()  # same arguments, the job has changed meanwhile
     second = capfd.readouterr().out
     assert "TrainJob default/made-elsewhere: Complete" not in first

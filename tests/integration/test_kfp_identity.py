@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from kfp import dsl, local
 
+from bounds import HANG
 from trainflow.core import JobState, get_backend
 from trainflow.kfp import train_job
 
@@ -63,13 +64,13 @@ def kill_step_once_trainer_runs(
     """
 
     def run() -> None:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG
         while not list(pids.glob("pid-*")) and time.monotonic() < deadline:
             time.sleep(0.05)
         for pid in step_processes(root):
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
-        deadline = time.monotonic() + 150
+        deadline = time.monotonic() + HANG
         while "Reattaching to running TrainJob" not in "".join(seen) and time.monotonic() < deadline:
             seen.append(capfd.readouterr().out)
             time.sleep(0.1)
@@ -89,7 +90,7 @@ def test_retried_step_without_identity_arguments_reattaches(
     trainer = (
         "import os, time; from trainflow.core import output_dir, report; "
         f"open(os.path.join({str(pids)!r}, 'pid-%d' % os.getpid()), 'w').close(); "
-        f"gate = {str(pids / 'gate')!r}; [time.sleep(0.1) for _ in range(1500) if not os.path.exists(gate)]; "
+        f"gate = {str(pids / 'gate')!r}; [time.sleep(0.1) for _ in range({int(HANG * 10)}) if not os.path.exists(gate)]; "
         "(output_dir() / 'model.txt').write_text('w=1'); report(metrics={'loss': 0.25})"
     )
 

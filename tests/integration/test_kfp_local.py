@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from kfp import local
 
+from bounds import HANG
 from browser import chart_points, chromium, record_requests, screenshot
 from trainflow.core import JobState, get_backend
 from trainflow.kfp import make_train_job_component, make_wait_train_job_component
@@ -225,7 +226,7 @@ def test_wait_train_job_for_a_job_created_elsewhere(env: dict[str, Any]) -> None
         {"command": ["python3", "-c", "print('elsewhere')"], "num_nodes": 1, "name": "made-elsewhere"}
     )
     op = make_wait_train_job_component(base_image=IMAGE, packages_to_install=(), install_kfp_package=False)
-    task = op(job_name=ref.name, backend="local", backend_config=env["backend_config"], timeout=120.0)
+    task = op(job_name=ref.name, backend="local", backend_config=env["backend_config"], timeout=HANG)
     assert task.outputs["state"] == "Complete"
     assert json.loads(task.outputs["result"])["name"] == "made-elsewhere"
     summary = Path(task.outputs["summary"].path).read_text()
@@ -294,7 +295,7 @@ def _start_step(
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group, like a step container signalled as a whole
     )
-    started, deadline = time.monotonic(), time.monotonic() + 120
+    started, deadline = time.monotonic(), time.monotonic() + HANG
     while len(list(pids.glob("pid-*"))) < 2:  # both trainer nodes are running
         assert proc.poll() is None, log.read_text()
         assert time.monotonic() < deadline, log.read_text()
@@ -309,8 +310,8 @@ def test_sigterm_deletes_the_trainjob_and_stops_its_processes(tmp_path: Path) ->
     trainer_pids = [int(p.read_text()) for p in pids.glob("pid-*")]
     assert all(_alive(pid) for pid in trainer_pids)
     os.killpg(proc.pid, signal.SIGTERM)  # pipeline run terminated: the step's processes get SIGTERM
-    proc.wait(timeout=60)
-    deadline = time.monotonic() + 30
+    proc.wait(timeout=HANG)
+    deadline = time.monotonic() + HANG
     while any(_alive(pid) for pid in trainer_pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     text = log.read_text()
@@ -326,7 +327,7 @@ def test_sigterm_with_on_cancel_keep_leaves_the_job_running(tmp_path: Path) -> N
     home = tmp_path / "home"
     proc, pids, log, _ = _start_step(tmp_path, home, "keep")
     os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=60)
+    proc.wait(timeout=HANG)
     assert "on_cancel=keep" in log.read_text()
     assert all(_alive(int(p.read_text())) for p in pids.glob("pid-*"))
     be = get_backend("local", home=home)
@@ -347,7 +348,7 @@ def test_restarted_step_reattaches_to_the_running_trainjob(
     timer.daemon = True
     timer.start()
     os.killpg(proc.pid, signal.SIGKILL)  # the step's pod is lost: no chance to cancel anything
-    proc.wait(timeout=30)
+    proc.wait(timeout=HANG)
     (jobdir,) = job_dirs(home)
     assert get_backend("local", home=home).get(jobdir.name).state is JobState.RUNNING
     task = train_op()(**kwargs)  # the restarted step, same key and arguments

@@ -20,11 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from bounds import HANG
 from trainflow.core import JobState, TrainJobFailed, TrainJobNotFound, get_backend
 from trainflow.core.local import store
 from trainflow.core.local.engine import LocalBackend
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * HANG)]  # a backstop above the waits' hang detector
 
 SCRIPTS = Path(__file__).parent / "scripts"
 RANK_LINE = re.compile(r"rank=(\d) world=4 ")
@@ -54,7 +55,7 @@ def cli(home: Path, *args: str) -> str:
         [str(exe), "--backend", "local", "--home", str(home), "-n", "tests", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG,
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
@@ -89,13 +90,16 @@ def test_two_by_two_allreduce_completes_and_is_read_from_another_process(
         import json
         from trainflow.core import get_backend
         backend = get_backend("local", home=sys.argv[1], namespace="tests")
-        result = backend.wait("allreduce", timeout=150)
+        result = backend.wait("allreduce", timeout=float(sys.argv[2]))
         logs = {s: list(backend.logs("allreduce", step=s)) for s in ("node-0", "node-1")}
         print(json.dumps({"result": result.to_dict(), "logs": logs}))
         """
     )
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys\n" + code, str(home)], capture_output=True, text=True, timeout=170
+        [sys.executable, "-c", "import sys\n" + code, str(home), str(HANG)],
+        capture_output=True,
+        text=True,
+        timeout=2 * HANG,
     )
     elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr
@@ -128,7 +132,7 @@ def test_failing_rank_fails_the_job_with_rank_exit_code_and_log_tail(backend: Lo
         }
     )
     with pytest.raises(TrainJobFailed) as info:
-        backend.wait(ref, timeout=150)
+        backend.wait(ref, timeout=HANG)
     err = info.value
     assert err.result.reason == "NodeFailed" and "node 1" in (err.result.message or "")
     assert "rank 3 exited with code 7" in (err.result.message or "")
@@ -142,18 +146,17 @@ def test_failing_rank_fails_the_job_with_rank_exit_code_and_log_tail(backend: Lo
     assert store.marked_processes(uid) == []  # node 0's ranks were stopped too
 
 
-@pytest.mark.timeout(360)
 def test_cancel_torchrun_job_leaves_no_rank_behind(backend: LocalBackend, home: Path) -> None:
     ref = backend.submit(
         {
             "name": "cancelranks",
-            "command": ["torchrun", str(SCRIPTS / "sleepy_rank.py"), "120"],
+            "command": ["torchrun", str(SCRIPTS / "sleepy_rank.py"), str(HANG)],  # until cancelled
             "num_nodes": 2,
             "proc_per_node": 2,
         }
     )
     uid = json.loads((backend.job_dir(ref) / "trainjob.json").read_text())["metadata"]["uid"]
-    deadline = time.monotonic() + 300  # torch imports in 2 agents: minutes on a loaded 2-core CI
+    deadline = time.monotonic() + HANG  # torch imports in 2 agents: minutes on a loaded 2-core CI
     pids: list[int] = []
     while time.monotonic() < deadline:  # 2 torchrun agents + 4 ranks
         pids = store.marked_processes(uid)
@@ -175,13 +178,12 @@ def test_function_trainer_runs_under_torchrun(backend: LocalBackend) -> None:
     ref = backend.submit(
         {"name": "fn", "function": train_here, "function_kwargs": {"x": 5}, "proc_per_node": 1}
     )
-    result = backend.wait(ref, timeout=120)
+    result = backend.wait(ref, timeout=HANG)
     assert result.state is JobState.COMPLETE and result.metrics == {"x": 5.0}
     out = Path((result.output_uri or "").removeprefix("file://"))
     assert json.loads((out / "fn.json").read_text()) == {"x": 5, "world": "1"}
 
 
-@pytest.mark.timeout(360)
 def test_a_group_sigkill_of_supervisor_and_guard_leaves_no_torchrun_rank_behind(
     backend: LocalBackend,
 ) -> None:
@@ -191,14 +193,14 @@ def test_a_group_sigkill_of_supervisor_and_guard_leaves_no_torchrun_rank_behind(
     ref = backend.submit(
         {
             "name": "groupkill",
-            "command": ["torchrun", str(SCRIPTS / "sleepy_rank.py"), "120"],
+            "command": ["torchrun", str(SCRIPTS / "sleepy_rank.py"), str(HANG)],  # until killed
             "num_nodes": 2,
             "proc_per_node": 2,
         }
     )
     job = backend.job_dir(ref)
     uid = json.loads((job / "trainjob.json").read_text())["metadata"]["uid"]
-    deadline = time.monotonic() + 300  # torch imports in 2 agents: minutes on a loaded 2-core CI
+    deadline = time.monotonic() + HANG  # torch imports in 2 agents: minutes on a loaded 2-core CI
     pids: list[int] = []
     while time.monotonic() < deadline:  # 2 wrappers + 2 torchrun agents + 4 ranks
         pids = store.marked_processes(uid)

@@ -8,12 +8,13 @@ import json
 
 import pytest
 
+from bounds import HANG
 from trainflow.core import JobState
 from trainflow.core.history import MAX_POINTS, History
 from trainflow.core.local.engine import LocalBackend
 from trainflow.core.local.reports import REPORTS_FILE
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(2 * HANG)  # a backstop above the waits' own hang detector
 
 REPORTS = 600
 TRAIN = f"""
@@ -44,7 +45,7 @@ def expected_steps() -> list[int]:
 def test_every_report_reaches_the_history_sync_async_and_late(backend: LocalBackend) -> None:
     ref = backend.submit({"name": "hist", "command": ["python3", "-c", TRAIN], "num_nodes": 2})
     updates: list[History] = []
-    result = backend.wait(ref, timeout=90, on_update=lambda r: updates.append(r.history))
+    result = backend.wait(ref, timeout=HANG, on_update=lambda r: updates.append(r.history))
     assert result.state is JobState.COMPLETE
     history = result.history
     assert history.seen == REPORTS  # rank 0's reports only, none lost to the 50 ms polling
@@ -58,9 +59,9 @@ def test_every_report_reaches_the_history_sync_async_and_late(backend: LocalBack
     assert times == sorted(times)
     assert len(updates) >= 2 and [h.seen for h in updates] == sorted(h.seen for h in updates)
 
-    late = backend.wait(ref, timeout=30)  # attaches after the end: the same reports from the job's file
+    late = backend.wait(ref, timeout=HANG)  # attaches after the end: the same reports from the job's file
     assert late.history == history
-    later = asyncio.run(backend.wait_async(ref, timeout=30))
+    later = asyncio.run(backend.wait_async(ref, timeout=HANG))
     assert later.history == history
     back = type(result).from_dict(json.loads(json.dumps(result.to_dict(), allow_nan=False)))
     assert steps(back.history) == expected_steps()

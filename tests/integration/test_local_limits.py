@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
 from trainflow.core import InvalidRequest, TrainJobFailed
 from trainflow.core.local.engine import LocalBackend
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(2 * HANG)  # a backstop above the waits' own hang detector
 
 BIG = "x" * (200 * 1024)  # over Linux's MAX_ARG_STRLEN (128 KiB per argv or env string)
 CMD = ["python3", "-c", "pass"]
@@ -128,7 +129,7 @@ def test_a_secret_file_missing_at_start_is_reported_as_the_secret(backend: Local
     secret.unlink()
     backend.resume(ref)
     with pytest.raises(TrainJobFailed) as info:
-        backend.wait(ref, timeout=60)
+        backend.wait(ref, timeout=HANG)
     result = info.value.result
     assert result.reason == "SecretNotFound", result.reason
     assert "secret_env.API_TOKEN" in (result.message or "") and "creds/token" in (result.message or "")

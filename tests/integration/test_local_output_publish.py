@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from bounds import HANG
 from trainflow.core import JobState, TrainJobFailed
 from trainflow.core.local.engine import LocalBackend
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(2 * HANG)  # a backstop above the waits' own hang detector
 
 WRITE = """
 import json, os, sys
@@ -51,7 +52,7 @@ def train(
             "output_uri": target.as_uri(),
         }
     )
-    return backend.wait(ref, timeout=240, raise_on_failure=False)
+    return backend.wait(ref, timeout=HANG, raise_on_failure=False)
 
 
 def raise_it(error: OSError) -> None:
@@ -148,7 +149,7 @@ def test_a_target_that_is_a_file_fails_the_job_naming_it(backend: LocalBackend, 
                     "output_uri": str(target),
                 }
             ),
-            timeout=240,
+            timeout=HANG,
         )
     assert target.read_text() == "not a model directory"
     assert backend.get("f").reason == "OutputPublishFailed"

@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
+from bounds import HANG
 from trainflow.core.local.engine import LocalBackend
 from trainflow.core.logsink import LogSink
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(2 * HANG)  # a backstop above the waits' own hang detector
 
 LINES = 40
 PRINT = f"""
@@ -51,7 +52,7 @@ def test_a_replaced_waiter_continues_the_log_where_the_last_one_stopped(
         position = sink.position()
         assert position["node-0"]["lines"] == len(copied), (position, copied)
     last = LogSink(lambda _step, text: copied.append(text), start=position)
-    result = backend.wait(ref, timeout=240, logs=last)
+    result = backend.wait(ref, timeout=HANG, logs=last)
     assert result.succeeded, result
     assert copied == [f"line {i}/{LINES}" for i in range(1, LINES + 1)], copied
     assert last.counts["node-0"] == LINES  # the limit counts across waiters too
@@ -63,6 +64,6 @@ def test_the_line_limit_holds_across_waiters(backend: LocalBackend) -> None:
     first = LogSink(lambda _step, text: copied.append(text), max_lines=15)
     asyncio.run(_wait_until(first, copied, 10, backend, ref))
     second = LogSink(lambda _step, text: copied.append(text), max_lines=15, start=first.position())
-    backend.wait(ref, timeout=240, logs=second)
+    backend.wait(ref, timeout=HANG, logs=second)
     assert copied[:15] == [f"line {i}/{LINES}" for i in range(1, 16)], copied
     assert copied[15:] == ["log limit of 15 lines reached; further lines are not copied"], copied

@@ -35,6 +35,8 @@ from urllib.parse import parse_qs, urlparse
 
 import yaml
 
+from bounds import HANG  # tests/bounds.py: tests/ is on sys.path through tests/conftest.py
+
 GROUP_PATH = "/apis/trainer.kubeflow.org/v1alpha1"
 BASE = f"{GROUP_PATH}/namespaces/ns/trainjobs"
 _TRAINJOBS = re.compile(rf"^{re.escape(GROUP_PATH)}/namespaces/([^/]+)/trainjobs(?:/([^/]+))?$")
@@ -58,7 +60,7 @@ def kubeconfig(url: str, token: str = "t", namespace: str = "ns") -> dict[str, A
     }
 
 
-def when(ready: Callable[[], Any], *steps: Any, timeout: float = 60.0) -> threading.Thread:
+def when(ready: Callable[[], Any], *steps: Any, timeout: float = HANG) -> threading.Thread:
     """Once ``ready()`` holds (polled: the client's pace, not a guess at it), run each ``(fn, *args)`` in turn."""
 
     def run() -> None:
@@ -653,7 +655,7 @@ class _Handler(BaseHTTPRequestHandler):
         if fake.hold_follows:
             with fake.cond:
                 generation = fake.drop_generation
-                fake.cond.wait_for(lambda: fake.drop_generation != generation, timeout=60)
+                fake.cond.wait_for(lambda: fake.drop_generation != generation, timeout=HANG)
             return
         if first:
             self._send(b"2026-11-29T10:00")  # torn line, then the connection drops

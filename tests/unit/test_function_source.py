@@ -15,6 +15,7 @@ from types import ModuleType
 
 import pytest
 
+from bounds import HANG
 from trainflow.core import InvalidRequest, build_trainjob, local_catalog
 from trainflow.core.function_trainer import function_code, function_command, function_source
 from trainflow.core.reporting import return_value
@@ -54,7 +55,7 @@ def test_shipped_code_runs_with_annotations_naming_the_callers_imports(tmp_path:
         [sys.executable, "-c", code, json.dumps({"cfg": {"name": "llama"}, "steps": 3})],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG,
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
@@ -88,7 +89,7 @@ def test_return_value_is_rank_0s_json_line_or_a_clear_failure(
         [sys.executable, "-c", code, "{}"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG,
         cwd=tmp_path,
         env={"PATH": "/usr/bin:/bin", "RANK": rank},
     )
@@ -102,7 +103,11 @@ def test_return_value_is_rank_0s_json_line_or_a_clear_failure(
 def test_async_function_is_run_with_asyncio(tmp_path: Path) -> None:
     code = function_code(user_module().train_async)
     proc = subprocess.run(
-        [sys.executable, "-c", code, '{"lr": 0.5}'], capture_output=True, text=True, timeout=60, cwd=tmp_path
+        [sys.executable, "-c", code, '{"lr": 0.5}'],
+        capture_output=True,
+        text=True,
+        timeout=HANG,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "lr=0.5"

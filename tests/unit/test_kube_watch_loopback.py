@@ -10,6 +10,7 @@ import time
 import pytest
 from fake_apiserver import FakeApiServer, kubeconfig, when
 
+from bounds import HANG
 from trainflow.core.errors import TrainJobFailed, TrainJobNotFound, WaitTimeout
 from trainflow.core.kube import pod_watch
 from trainflow.core.kube.backend import KubernetesBackend
@@ -40,7 +41,7 @@ def test_wait_sees_complete_and_reports_updates(fake, backend):
         (fake.set_condition, "a", "Complete", "AllJobsCompleted"),
     )
     seen: list[JobState] = []
-    result = backend.wait("a", timeout=10, on_update=lambda r: seen.append(r.state))
+    result = backend.wait("a", timeout=HANG, on_update=lambda r: seen.append(r.state))
     assert result.state is JobState.COMPLETE and result.reason == "AllJobsCompleted"
     assert seen == [JobState.CREATED, JobState.RUNNING, JobState.COMPLETE]
     assert backend.last_wait_stats.lists == 1 and backend.last_wait_stats.watches == 1
@@ -56,7 +57,7 @@ def test_410_gone_relists_and_returns_one_terminal_result(fake, backend):
         lambda: fake.list_requests >= 2 and fake.open_watches,
         (fake.set_condition, "a", "Complete", "AllJobsCompleted"),
     )
-    result = backend.wait("a", timeout=10)
+    result = backend.wait("a", timeout=HANG)
     assert result.state is JobState.COMPLETE
     assert backend.last_wait_stats.relists_410 == 1
     assert backend.last_wait_stats.lists == 2
@@ -70,7 +71,7 @@ def test_dropped_watch_reconnects_from_last_version(fake, backend):
         (fake.set_condition, "a", "Failed", "FailedJobs"),
     )
     with pytest.raises(TrainJobFailed) as info:
-        backend.wait("a", timeout=15)
+        backend.wait("a", timeout=HANG)
     assert info.value.result.reason == "FailedJobs"
     assert backend.last_wait_stats.reconnects >= 1
     assert backend.last_wait_stats.lists == 1  # resumed from the resourceVersion, no re-list
@@ -80,9 +81,9 @@ def test_deleted_while_waiting_and_deadline(fake, backend):
     fake.add("a")
     when(lambda: fake.open_watches, (fake.delete, "a"))
     with pytest.raises(TrainJobNotFound):
-        backend.wait("a", timeout=10)
+        backend.wait("a", timeout=HANG)
     with pytest.raises(TrainJobNotFound):
-        backend.wait("never", timeout=10)
+        backend.wait("never", timeout=HANG)
     fake.add("b")
     t0 = time.time()
     with pytest.raises(WaitTimeout, match="still Created"):
@@ -95,12 +96,11 @@ async def test_many_async_waiters_share_one_watch(fake, backend):
     for n in names:
         fake.add(n)
     reg = registry()
-    tasks = [asyncio.create_task(backend.wait_async(n, timeout=90)) for n in names]
+    tasks = [asyncio.create_task(backend.wait_async(n, timeout=HANG)) for n in names]
     # the shared watch imports its HTTP client off the loop (seconds in a fresh, loaded process), lists,
     # then streams: wait for the stream itself, or the jobs could all complete before it opens
-    for _ in range(600):
-        if fake.open_watches:
-            break
+    end = time.monotonic() + HANG
+    while not fake.open_watches and time.monotonic() < end:
         await asyncio.sleep(0.1)
     await asyncio.sleep(0.5)
     assert reg.active_watches == 1 and fake.open_watches == 1
@@ -120,14 +120,14 @@ async def test_async_not_found_failed_and_timeout(fake, backend):
     fake.add("bad")
     fake.set_condition("bad", "Failed", "FailedJobs")
     with pytest.raises(TrainJobFailed, match="FailedJobs"):
-        await backend.wait_async("bad", timeout=5)
+        await backend.wait_async("bad", timeout=HANG)
     with pytest.raises(TrainJobNotFound):
-        await backend.wait_async("ghost", timeout=10)
+        await backend.wait_async("ghost", timeout=HANG)
     fake.add("slow")
     with pytest.raises(WaitTimeout):
         await backend.wait_async("slow", timeout=1)
     fake.add("gone")
-    waiter = asyncio.create_task(backend.wait_async("gone", timeout=10))
+    waiter = asyncio.create_task(backend.wait_async("gone", timeout=HANG))
     await asyncio.sleep(0.3)
     fake.delete("gone")
     with pytest.raises(TrainJobNotFound):
@@ -173,7 +173,7 @@ async def test_async_wait_reads_a_crash_before_the_job_deletes_the_pod(fake, bac
         (fake.set_condition, "c", "Failed", "FailedJobs"),
     )
     with pytest.raises(TrainJobFailed, match="FailedJobs") as err:
-        await backend.wait_async("c", timeout=30)
+        await backend.wait_async("c", timeout=HANG)
     diag = err.value.diagnostics
     assert diag is not None
     assert [(r["pod"], r["exit_code"]) for r in diag.failed_ranks] == [("c-node-0-0-x1", 3)]
@@ -186,7 +186,7 @@ async def test_async_wait_without_rbac_to_watch_pods_still_finishes(fake, backen
     fake.add("r")
     caplog.set_level("INFO", logger="trainflow.core.kube.pod_watch")
     when(lambda: "cannot be watched" in caplog.text, (fake.set_condition, "r", "Complete", "Done"))
-    result = await backend.wait_async("r", timeout=30)
+    result = await backend.wait_async("r", timeout=HANG)
     assert result.state is JobState.COMPLETE
     assert fake.pod_watch_requests == 1  # refused once, not retried
 
@@ -205,7 +205,7 @@ async def test_pod_watch_lists_page_by_page_and_reports_crashes_from_before_it_s
     fake.put_pod(crashed_pod("p", 7))
     when(lambda: fake.log_requests, (fake.set_condition, "p", "Failed", "FailedJobs"))
     with pytest.raises(TrainJobFailed) as err:
-        await backend.wait_async("p", timeout=30)
+        await backend.wait_async("p", timeout=HANG)
     assert fake.pod_list_requests >= 3  # 6 pods, 2 a page; then the waiter's own look
     assert [r["exit_code"] for r in err.value.diagnostics.failed_ranks] == [7]
 
@@ -215,7 +215,7 @@ def test_registries_are_per_event_loop(fake, backend):
     fake.set_condition("x", "Complete", "AllJobsCompleted")
 
     async def one() -> tuple[int, str]:
-        result = await backend.wait_async("x", timeout=5)
+        result = await backend.wait_async("x", timeout=HANG)
         return id(registry()), result.state.value
 
     first, second = asyncio.run(one()), asyncio.run(one())
@@ -283,9 +283,9 @@ def test_a_wait_copies_rank0s_log_as_the_job_runs(fake, backend, mode):
     sink = LogSink(lambda step, line: lines.append(f"[{step}] {line}"), ["node-0"], 100)
     threads = client_threads()
     if mode == "sync":
-        result = backend.wait("lg", timeout=30, logs=sink)
+        result = backend.wait("lg", timeout=HANG, logs=sink)
     else:
-        result = asyncio.run(backend.wait_async("lg", timeout=30, logs=sink))
+        result = asyncio.run(backend.wait_async("lg", timeout=HANG, logs=sink))
     assert result.state is JobState.COMPLETE
     assert lines == [f"[node-0] line {i}" for i in range(1, 8)]
     assert client_threads() <= threads + 1  # a sync wait's loop runs on this thread
@@ -318,7 +318,7 @@ def test_past_the_stream_slots_a_log_is_polled_on_the_shared_connections(fake, b
     when(lambda: len(fake.log_requests) >= 4, (fake.set_condition, "pl", "Complete", "AllJobsCompleted"))
     lines: list[str] = []
     result = backend.wait(
-        "pl", timeout=30, logs=LogSink(lambda step, line: lines.append(line), ["node-0"], 100)
+        "pl", timeout=HANG, logs=LogSink(lambda step, line: lines.append(line), ["node-0"], 100)
     )
     assert result.state is JobState.COMPLETE
     assert lines == ["line 1", "line 2", "line 3", "line 4"]
@@ -326,11 +326,14 @@ def test_past_the_stream_slots_a_log_is_polled_on_the_shared_connections(fake, b
 
 
 @pytest.mark.parametrize("started", [True, False])
-def test_the_end_of_a_wait_does_not_hang_on_its_log(fake, backend, started):
+def test_the_end_of_a_wait_does_not_hang_on_its_log(fake, backend, started, monkeypatch):
     """A followed stream may stay open after the job ended (kwok never closes one): the wait stops it and reads
     the log once more instead of waiting out the drain; a pod that never started is not waited for."""
-    from trainflow.core.logsink import DRAIN_SECONDS, LogSink
+    from trainflow.core.kube import wait as kube_wait
+    from trainflow.core.logsink import LogSink
 
+    # the drain as long as a hang: a wait that waited it out would not end before the bound below
+    monkeypatch.setattr(kube_wait, "DRAIN_SECONDS", HANG)
     fake.hold_follows = True
     fake.add("hd")
     now = time.time()
@@ -347,11 +350,11 @@ def test_the_end_of_a_wait_does_not_hang_on_its_log(fake, backend, started):
          (fake.set_condition, "hd", "Complete", "AllJobsCompleted"))  # fmt: skip
     lines: list[str] = []
     result = backend.wait(
-        "hd", timeout=30, logs=LogSink(lambda step, line: lines.append(line), ["node-0"], 100)
+        "hd", timeout=HANG, logs=LogSink(lambda step, line: lines.append(line), ["node-0"], 100)
     )
     returned = time.time()
     assert result.state is JobState.COMPLETE
-    assert returned - completed[0] < DRAIN_SECONDS / 2
+    assert returned - completed[0] < HANG / 2
     if started:
         assert lines == ["line 1", "line 2", "line 3", "line 4"]
         follows = [bool(q.get("follow")) for q in fake.log_requests]
@@ -390,7 +393,7 @@ def test_a_polled_log_is_read_line_by_line_each_line_once(fake, backend, monkeyp
     )
     lines: list[str] = []
     result = backend.wait(
-        "big", timeout=30, logs=LogSink(lambda step, line: lines.append(line), ["node-0"], 10_000)
+        "big", timeout=HANG, logs=LogSink(lambda step, line: lines.append(line), ["node-0"], 10_000)
     )
     assert result.state is JobState.COMPLETE
     expected = [f"line {i + 1:04d} " + "x" * 200 for i in range(5000)] + [

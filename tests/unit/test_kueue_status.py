@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from fake_apiserver import FakeApiServer, kubeconfig
 
+from bounds import HANG
 from trainflow.core.errors import TrainJobFailed, WaitTimeout
 from trainflow.core.kube.backend import KubernetesBackend
 from trainflow.core.kueue import queue_status, with_queue, workload_of
@@ -300,7 +301,7 @@ def test_sync_wait_shows_kueues_reason_and_ends_at_the_queue_budget(fake: FakeAp
     updates: list[Any] = []
     t0 = time.monotonic()
     with pytest.raises(TrainJobFailed) as failed:
-        backend.wait("job", timeout=30, on_update=updates.append)
+        backend.wait("job", timeout=HANG, on_update=updates.append)
     assert time.monotonic() - t0 < 15
     _expect_budget_failure(failed.value, updates)
     # a waiter of its own reads its job's Workload (by Kueue's job-uid label)
@@ -316,7 +317,7 @@ def test_async_wait_shows_kueues_reason_and_ends_at_the_queue_budget(fake: FakeA
         await asyncio.to_thread(importlib.import_module, "aiohttp")
         queued(fake, 3)
         try:
-            return await backend.wait_async("job", timeout=30, on_update=updates.append)
+            return await backend.wait_async("job", timeout=HANG, on_update=updates.append)
         except (TrainJobFailed, WaitTimeout) as exc:
             return exc
 

@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from bounds import HANG
 from trainflow.core import reporting
 from trainflow.core.local import store
 
@@ -189,7 +190,7 @@ def test_concurrent_reports_from_processes_lose_nothing(tmp_path: Path) -> None:
     )
     env = {"TRAINFLOW_LOCAL_JOB_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     procs = [subprocess.Popen([sys.executable, "-c", code, str(n)], env=env) for n in range(3)]
-    assert [p.wait(timeout=60) for p in procs] == [0, 0, 0]
+    assert [p.wait(timeout=HANG) for p in procs] == [0, 0, 0]
     metrics = json.loads((tmp_path / "metrics.json").read_text())["metrics"]
     assert len(metrics) == 60
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bounds import HANG
 from trainflow.core import JobState, result_from_trainjob
 from trainflow.core.errors import PermissionDenied
 from trainflow.core.local import liveness, store
@@ -142,7 +143,7 @@ def test_marked_processes_finds_descendants_in_new_sessions() -> None:
     )
     parent = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + HANG
         while time.monotonic() < deadline and len(store.marked_processes(uid)) < 2:
             time.sleep(0.05)
         pids = store.marked_processes(uid)

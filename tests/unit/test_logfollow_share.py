@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from bounds import HANG
 from trainflow.core.kube import follow_pace, logfollow
 from trainflow.core.kube.logs import Resume, StepTarget
 from trainflow.core.logsink import LogSink
@@ -53,7 +54,7 @@ def test_last_read_of_an_ended_wait_does_not_queue_behind_the_polls() -> None:
         api: Any = OneLine()
         final = await asyncio.wait_for(
             logfollow._read_since(api, "ns", "pod", TARGET, sink, Resume(), True),
-            5,
+            HANG,
         )
         poll = asyncio.ensure_future(logfollow._read_since(api, "ns", "pod", TARGET, sink, Resume(), False))
         await asyncio.sleep(0.2)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from fake_apiserver import FakeApiServer, kubeconfig
 
+from bounds import HANG
 from trainflow.core.errors import TrainJobFailed, WaitTimeout
 from trainflow.core.kube.backend import KubernetesBackend
 from trainflow.core.local import store
@@ -106,8 +107,8 @@ DEADLINE = 4.0  # for the "deadline" row: the statuses stop, the wait must end o
 
 
 def timeout_of(row: tuple[Any, ...]) -> float:
-    """The wait's timeout: short for the deadline row, roomy for the others (they end on their own)."""
-    return DEADLINE if row[3] == "timeout" else 60.0
+    """The wait's timeout: short for the deadline row, a hang detector for the others (they end on their own)."""
+    return DEADLINE if row[3] == "timeout" else HANG
 
 
 def expected_history(statuses: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
@@ -175,7 +176,7 @@ def feed(
 
     def run() -> None:
         for i in range(1, len(statuses)):
-            due, deadline = reports_after(statuses[:i]), time.monotonic() + 60
+            due, deadline = reports_after(statuses[:i]), time.monotonic() + HANG
             while len(reported) < due and time.monotonic() < deadline:
                 time.sleep(0.01)
             time.sleep(0.3)  # a status that is not news (no report to wait for) still gets read alone
@@ -220,9 +221,9 @@ def test_shared_async_watch(fake: FakeApiServer, row: tuple[Any, ...]) -> None:
         waiting = asyncio.ensure_future(
             backend.wait_async("job", timeout=timeout_of(row), on_update=lambda r: reported.append(r.state))
         )
-        for _ in range(300):  # the shared watch is open: every later status is an event, not a re-list
-            if fake.open_watches:
-                break
+        # the shared watch is open: every later status is an event, not a re-list
+        end = time.monotonic() + HANG
+        while not fake.open_watches and not waiting.done() and time.monotonic() < end:
             await asyncio.sleep(0.05)
         feed(row[1], lambda s: fake.set_status("job", s), reported)
         try:
@@ -298,15 +299,14 @@ def test_recording_the_history_adds_no_request(fake: FakeApiServer) -> None:
                 read[0] = max(read[0], round(1 / float(r.metrics["loss"])) - 1)
 
         def write() -> None:
-            deadline = (
-                time.monotonic() + 30
-            )  # the waiter has its job (a report before that is not its to see)
+            # the waiter has its job (a report before that is not its to see)
+            deadline = time.monotonic() + HANG
             while with_reports and read[0] < -1 and time.monotonic() < deadline:
                 time.sleep(0.005)
             for i in range(60):
                 # a mailbox keeps the newest MAX_VERSIONS unread versions; the writer stays 8 ahead at most,
                 # so a loaded machine slows the test down instead of dropping reports
-                deadline = time.monotonic() + 30
+                deadline = time.monotonic() + HANG
                 while with_reports and read[0] < i - 8 and time.monotonic() < deadline:
                     time.sleep(0.005)
                 if with_reports:
@@ -325,10 +325,9 @@ def test_recording_the_history_adds_no_request(fake: FakeApiServer) -> None:
             fake.set_status(name, COMPLETE)
 
         async def wait() -> Any:
-            waiting = asyncio.ensure_future(backend.wait_async(name, timeout=60, on_update=on_update))
-            for _ in range(300):
-                if fake.open_watches:
-                    break
+            waiting = asyncio.ensure_future(backend.wait_async(name, timeout=HANG, on_update=on_update))
+            end = time.monotonic() + HANG
+            while not fake.open_watches and time.monotonic() < end:
                 await asyncio.sleep(0.05)
             threading.Thread(target=write, daemon=True).start()
             return await waiting

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from bounds import HANG
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -25,7 +27,7 @@ def run_graph(tmp_path: Path, seconds: dict[str, float], failing: frozenset[str]
         "TRAINFLOW_TEST_LOGS": str(tmp_path / "logs"),
     }
     proc = subprocess.run(
-        ["bash", "scripts/test_all.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+        ["bash", "scripts/test_all.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG
     )
     lines = [m.group(1) for m in re.finditer(r"^\[make test [^\]]*\] (.*)$", proc.stdout, re.M)]
     assert lines, proc.stdout + proc.stderr

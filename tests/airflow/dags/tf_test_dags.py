@@ -66,7 +66,7 @@ with DAG("tf_test_timeout", schedule=None, start_date=START):
         task_id="train",
         runtime=RUNTIME,
         function=sleeper,
-        function_kwargs={"seconds": 300},
+        function_kwargs={"seconds": 3600},  # an hour: only the deadline ends it within the test's run bound
         execution_timeout=timedelta(seconds=10),
         deferrable=True,  # the deadline must hold while the trigger waits (the default waits on the worker)
     )
