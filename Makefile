@@ -155,7 +155,7 @@ PODS_OWN := kfp torchtune
 # image goes in as an OCI layout whose blobs are hardlinks into dist/images/oci, never as a multi-GB tar copy:
 # the testbed streams it into containerd (disk, not time, is what a CI machine runs out of).
 pods-images: setup dist image-tools
-	PYTHONPATH=scripts nice $(RUN) python -m ocibuild build runtimes $(PODS_OWN) $(PODS_INITIALIZERS)
+	PYTHONPATH=scripts $(RUN) python -m ocibuild build runtimes $(PODS_OWN) $(PODS_INITIALIZERS)
 	rm -rf $(PODS_IMAGES)
 	PYTHONPATH=scripts $(RUN) python -m ocibuild archive runtimes --layout \
 	  $(foreach n,$(PODS_IMAGE_NAMES),--name $(n)) -o $(PODS_IMAGES)/runtimes.oci

@@ -5,14 +5,16 @@
 #   lane checks : lint typecheck check-components test-fast-rest test-dist test-images
 #   lane e2e    : the object store (Go, nice 10), then e2e on a kwok testbed (after the control plane and Kueue)
 #   lane reliab.: e2e-reliability on a testbed of its own (after the Go builds)
-#   lane build  : control plane, Kueue, then the node components (Go) | images for the pods (in parallel, nice 10)
+#   lane build  : control plane, Kueue, then the node components (Go) | images for the pods (in parallel)
 #   lane airflow: test-fast-airflow, then e2e-airflow on the newest (after the control plane and Kueue)
 #   lane floors : the floor suite on Airflow 2.11, then 3.0 (no cluster; after the Go builds)
 #   lane pods   : e2e-pods (after the node components and the images)
 #
-# Priorities: the Go builds gate every cluster suite (the critical path on a cold machine), so they run at
-# normal priority, and the suites that need no cluster (lint ... test-images, test-fast-airflow) at nice 5. The
-# cluster and Airflow deployment suites, whose tests wait on real processes, run at normal priority.
+# Priorities: the Go builds gate every cluster suite and the pods images gate the pods suite (the pods lane is
+# the critical path on a cold machine: its suite waits on real pods more than it computes, so it must start
+# early to overlap the others), so they run at normal priority, and the suites that need no cluster (lint ...
+# test-images, test-fast-airflow) at nice 5. The cluster and Airflow deployment suites, whose tests wait on real
+# processes, run at normal priority.
 #
 # Each step's output goes to $TRAINFLOW_TEST_LOGS/<step>.log (default build/test-logs); a failing step's log
 # tail is printed. Exit status: 0 when every step passed. Run one suite alone with its own make target.

@@ -148,8 +148,13 @@ def _file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _by_import(family: Family, spec: LayerSpec) -> bool:
+    """Whether the layer's byte code follows the family's imports (Family.imports) rather than every source."""
+    return bool(family.imports) and spec.role in ("cuda", "gpu", "rest", "own")
+
+
 def _layer_key(
-    ctx: Context, stage: Path, spec: LayerSpec, dists: Iterable[pyenv.Dist], paths: list[str]
+    ctx: Context, family: Family, stage: Path, spec: LayerSpec, dists: Iterable[pyenv.Dist], paths: list[str]
 ) -> str:
     payload = {
         "format": LAYER_FORMAT,
@@ -158,6 +163,8 @@ def _layer_key(
         "dists": sorted((d.name, d.version, hashlib.sha256(d.record).hexdigest()) for d in dists),
         "paths": sorted((p, _file_digest(stage / p)) for p in paths),
     }
+    if _by_import(family, spec):  # which modules get byte code is part of the layer
+        payload["bytecode_imports"] = list(family.imports)
     if spec.role in ("cuda", "gpu"):
         payload["gpu_only"] = list(GPU_ONLY)  # the rule that splits them
     return hashlib.sha256(canonical_json(payload)).hexdigest()
@@ -215,16 +222,34 @@ def build_family(
         keys: dict[str, str] = {}
         for spec in family.layers:
             paths = extras[spec.name] + (skeleton if spec.role == "deps" else [])
-            keys[spec.name] = _layer_key(ctx, rootfs, spec, (dists[n] for n in members[spec.name]), paths)
+            keys[spec.name] = _layer_key(
+                ctx, family, rootfs, spec, (dists[n] for n in members[spec.name]), paths
+            )
         specs = [spec for spec in family.layers if spec.name in wanted]
         todo = [spec for spec in specs if _cached(ctx, keys[spec.name]) is None]
         started = time.monotonic()
-        sources = list(dict.fromkeys(p for spec in todo for n in members[spec.name] for p in dists[n].files))
+        loaded = (
+            pyenv.imported_sources(rootfs, family.imports)
+            if any(_by_import(family, s) for s in todo)
+            else set()
+        )
+        ctx.timings[f"{family.name}: import probe"] = time.monotonic() - started
+        started = time.monotonic()
+        sources = list(
+            dict.fromkeys(
+                p
+                for spec in todo
+                for n in members[spec.name]
+                for p in dists[n].files
+                if not _by_import(family, spec) or p in loaded
+            )
+        )
         sources += [p for spec in todo for p in extras[spec.name]]
         if any(spec.role == "deps" for spec in todo):
             sources += skeleton
         if sources:
             pyenv.compile_bytecode(rootfs, sources)
+        log(f"{family.name}: byte-compiled {sum(p.endswith('.py') for p in sources)} sources")
         ctx.timings[f"{family.name}: byte-compile"] = time.monotonic() - started
         owned = pyenv.owners(rootfs, dists)
         split = any(spec.role == "gpu" for spec in family.layers)

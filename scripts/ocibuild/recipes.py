@@ -64,6 +64,10 @@ class Family:
     # their dependencies at the versions their locks pin, instead of trainflow[kfp] under uv.lock's
     projects: tuple[str, ...] = ()
     workdir: str = WORKDIR  # the directory the ``deps`` layer creates (the images' working directory)
+    # What the family's programs import at start: when set, the distribution layers but ``deps`` and
+    # ``trainflow`` (which other families share) hold byte code only for the modules importing these loads;
+    # any other module compiles when a program first imports it. Empty: every source is byte-compiled.
+    imports: tuple[str, ...] = ()
 
     def base_requirements(self, wheel: Path) -> list[str]:
         """What the ``deps`` layer holds with its dependencies."""
@@ -114,6 +118,35 @@ HF = ("transformers[torch]==5.24.0", "accelerate==1.15.0")
 # torch (2.9.1, from its pytorch/pytorch base) is not taken: this layer sits on the family's torch (docs/images.md).
 TORCHTUNE = ("torchtune==0.6.1", "torchao==0.15.0", "bitsandbytes==0.50.2", "kagglehub==1.0.3")
 
+# What the torch family's programs import at start: the Trainer's launchers (torchrun, TorchTune's ``tune``),
+# the frameworks its default runtimes run and the training APIs examples use. Byte-compiling every installed
+# source instead (about ten times the files: Transformers', JAX's and torch's unused parts) was half of a cold
+# image build (docs/images.md). mpi4py.MPI is left out: it loads Open MPI, which is a Debian layer of its own.
+TORCH_IMPORTS = (
+    "torch",
+    "torch.distributed.run",
+    "torch.distributed.fsdp",
+    "torch.distributed.checkpoint",
+    "torch.nn.parallel",
+    "torch.utils.data",
+    "torch.optim",
+    "numpy",
+    "xgboost",
+    "deepspeed",
+    "mpi4py",
+    "mlx.core",
+    "mlx.nn",
+    "mlx.optimizers",
+    "jax",
+    "jax.numpy",
+    "transformers.trainer",
+    "accelerate",
+    "torchtune",
+    "torchtune._cli.tune",
+    "torchtune.training",
+    "torchao",
+)
+
 FAMILIES = {
     "torch": Family(
         "torch",
@@ -140,6 +173,7 @@ FAMILIES = {
             TRAINFLOW,
             LayerSpec("examples", "examples", f"dags_examples/example_training.py in /{EXAMPLES_DIR}"),
         ),
+        imports=TORCH_IMPORTS,
     ),
     "kfp": Family("kfp", (), (DEPS, TRAINFLOW)),
 }

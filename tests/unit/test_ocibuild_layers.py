@@ -165,6 +165,20 @@ def test_distributions_are_cut_into_the_family_layers() -> None:
     }
 
 
+def test_byte_code_follows_the_imports_only_in_the_layers_no_other_family_shares() -> None:
+    """The torch family's framework layers hold byte code for what its programs import; ``deps`` and
+    ``trainflow`` (the same layers as the kfp image's) and every layer of a family without imports hold all."""
+    from ocibuild.build import _by_import
+    from ocibuild.recipes import FAMILIES
+
+    torch, kfp = FAMILIES["torch"], FAMILIES["kfp"]
+    assert {s.name for s in torch.layers if _by_import(torch, s)} == {
+        "cuda", "cuda-gpu", "torch", "xgboost", "frameworks", "hf", "torchtune"
+    }  # fmt: skip
+    assert not any(_by_import(kfp, s) for s in kfp.layers)
+    assert not any(_by_import(f, s) for f in FAMILIES.values() if not f.imports for s in f.layers)
+
+
 def test_the_cuda_distributions_are_split_into_what_torch_loads_and_what_only_a_gpu_loads() -> None:
     """Each file of a CUDA distribution is in exactly one of ``cuda`` and ``cuda-gpu``; the libraries that
     torch, NCCL and cuSPARSE link at load time stay in ``cuda`` (the CPU-only runtimes image has only it)."""
