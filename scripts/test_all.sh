@@ -52,16 +52,33 @@ stubbed() { # name: the stub's command for that step
   awk -v n="$1" '$1 == n { printf "%s", ($2 == "real" ? "real" : "sleep " $2 ($3 == "fail" ? " && false" : "")); f = 1 }
     END { if (!f) printf "true" }' "$STUB"
 }
-step() { # name command... : runs one step, logs it, records its time and result
-  local name="$1" s rc; shift
+# Each step's CPU time, whatever its processes detach to (testbed daemons, Airflow, builds): a cgroup of its own
+# (cgroup v1's cpuacct, or v2's cpu.stat) when this user may make one; the pods' containers are in the testbed
+# node's cgroups, not in the step's. On a CPU-bound machine the work, not the order, sets the time.
+CPU_CGROUPS=""
+for d in /sys/fs/cgroup/cpuacct /sys/fs/cgroup; do
+  if [ -f "$d/cgroup.procs" ] && mkdir -p "$d/trainflow-test-$$" 2>/dev/null; then CPU_CGROUPS="$d/trainflow-test-$$"; break; fi
+done
+cpu_seconds() { # cgroup: CPU seconds its processes used
+  if [ -f "$1/cpuacct.usage" ]; then awk '{ printf "%d", $1 / 1e9 }' "$1/cpuacct.usage"
+  else awk '$1 == "usage_usec" { printf "%d", $2 / 1e6 }' "$1/cpu.stat"; fi
+}
+in_cgroup() { # cgroup command... : runs the command inside the cgroup (its children stay there)
+  local g="$1"; shift
+  if [ -n "$g" ]; then (echo "$BASHPID" >"$g/cgroup.procs" 2>/dev/null; exec "$@"); else "$@"; fi
+}
+step() { # name command... : runs one step, logs it, records its time, CPU time and result
+  local name="$1" s rc g="" cpu=""; shift
   s=$(date +%s); say "start $name"
   if [ -n "$STUB" ] && [ "$(stubbed "$name")" != real ]; then set -- bash -c "$(stubbed "$name")"; fi
-  "$@" >"$LOGS/$name.log" 2>&1; rc=$?
+  if [ -n "$CPU_CGROUPS" ] && mkdir -p "$CPU_CGROUPS/$name" 2>/dev/null; then g="$CPU_CGROUPS/$name"; fi
+  in_cgroup "$g" "$@" >"$LOGS/$name.log" 2>&1; rc=$?
   local took=$(( $(date +%s) - s ))
+  if [ -n "$g" ]; then cpu=", cpu $(cpu_seconds "$g")s"; rmdir "$g" 2>/dev/null; fi
   if [ $rc -eq 0 ]; then
-    echo "$name passed ${took}s" >>"$LOGS/summary"; say "passed $name in ${took}s"
+    echo "$name passed ${took}s${cpu}" >>"$LOGS/summary"; say "passed $name in ${took}s${cpu}"
   else
-    echo "$name FAILED ${took}s (exit $rc)" >>"$LOGS/summary"; say "FAILED $name after ${took}s (exit $rc): last lines of $name.log"
+    echo "$name FAILED ${took}s${cpu} (exit $rc)" >>"$LOGS/summary"; say "FAILED $name after ${took}s${cpu} (exit $rc): last lines of $name.log"
     # the summary (printed last, so it survives a truncated CI log) names the failing tests too
     # and when no test failed (a testbed that did not come up, a build), the log's last lines say why
     { grep -E '^(FAILED|ERROR) ' "$LOGS/$name.log" || tail -n 12 "$LOGS/$name.log"; } | head -n 20 | cut -c1-300 \
@@ -157,6 +174,12 @@ step setup make --no-print-directory setup-bench || exit 1
 step prerequisites bash -c 'make --no-print-directory -o setup dist image-tools && bash testbed/node/build.sh --deps \
   && bash tests/airflow_deploy/system_deps.sh' || exit 1
 
+busy_since() { # /proc/stat's cpu line at the start: CPU seconds busy and idle since then, on how many cores
+  awk -v start="$1" -v cores="$(nproc)" 'NR == 1 { split(start, a, " "); busy = 0
+    for (i = 2; i <= NF; i++) { d = $i - a[i]; if (i == 5 || i == 6) idle += d; else if (i <= 9) busy += d }
+    printf "%d CPU-seconds busy, %d idle, on %d cores", busy / 100, idle / 100, cores }' /proc/stat
+}
+stat0=$(head -n 1 /proc/stat)
 watch_disk >/dev/null 2>&1 & disk_watcher=$!
 pids=()
 tree() { local c; for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do echo "$c"; tree "$c"; done; }
@@ -178,8 +201,10 @@ failed=0
 for p in "${pids[@]}"; do wait "$p" || failed=1; done
 
 kill "$disk_watcher" 2>/dev/null
+[ -n "$CPU_CGROUPS" ] && rmdir "$CPU_CGROUPS"/* "$CPU_CGROUPS" 2>/dev/null
 say "summary (logs in $LOGS):"
 sed 's/^/  /' "$LOGS/summary"
+echo "  CPU over the run: $(busy_since "$stat0")"
 echo "  least disk free during the run: $(cat "$LOGS/.disk-least" 2>/dev/null || echo unknown)"
 # where each Airflow line the provider supports is tested (docs/airflow.md): the steps above that cover it
 echo "  Airflow lines: 2.11.2 test-airflow-floor-2.11 + test-dist; 3.0.6 test-airflow-floor-3.0 + test-dist;" \
