@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ocibuild import pyenv
+from ocibuild import bytecode, pyenv
 from ocibuild.debian import Base, build_base, build_debian_layer, mirror_state
 from ocibuild.layers import LAYER_MEDIA_TYPE, write_tree_layer
 from ocibuild.layout import ImageLayout, Layer, Runtime, write_image
@@ -229,7 +229,7 @@ def build_family(
         todo = [spec for spec in specs if _cached(ctx, keys[spec.name]) is None]
         started = time.monotonic()
         loaded = (
-            pyenv.imported_sources(rootfs, family.imports)
+            bytecode.imported_sources(rootfs, family.imports)
             if any(_by_import(family, s) for s in todo)
             else set()
         )
@@ -248,7 +248,7 @@ def build_family(
         if any(spec.role == "deps" for spec in todo):
             sources += skeleton
         if sources:
-            pyenv.compile_bytecode(rootfs, sources)
+            bytecode.compile_bytecode(rootfs, sources)
         log(f"{family.name}: byte-compiled {sum(p.endswith('.py') for p in sources)} sources")
         ctx.timings[f"{family.name}: byte-compile"] = time.monotonic() - started
         owned = pyenv.owners(rootfs, dists)
