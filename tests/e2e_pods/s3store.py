@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from conftest import TRAINER_GROUP, TRAINER_VERSION
 from trainflow.core import storage
@@ -199,5 +200,11 @@ def everything(k8s: Any, ns: str) -> str:
             # a container that never started has no log (the API answers 400 "waiting to start", as the
             # product's own log reader treats as "not yet"); every one that ran is read
             if c.state.running or c.state.terminated or (c.last_state and c.last_state.terminated):
-                parts.append(k8s.core.read_namespaced_pod_log(pod.metadata.name, ns, container=c.name))
+                try:
+                    parts.append(k8s.core.read_namespaced_pod_log(pod.metadata.name, ns, container=c.name))
+                except ApiException as exc:
+                    # deleted since the list (a failed Job's controller removes its pods): no log is left to
+                    # hold anything; every pod still there is read
+                    if exc.status != 404:
+                        raise
     return "\n".join(parts)
