@@ -227,13 +227,11 @@ def build_family(
             )
         specs = [spec for spec in family.layers if spec.name in wanted]
         todo = [spec for spec in specs if _cached(ctx, keys[spec.name]) is None]
-        started = time.monotonic()
-        loaded = (
-            bytecode.imported_sources(rootfs, family.imports)
-            if any(_by_import(family, s) for s in todo)
-            else set()
-        )
-        ctx.timings[f"{family.name}: import probe"] = time.monotonic() - started
+        loaded: set[str] = set()
+        if any(_by_import(family, s) for s in todo):
+            started = time.monotonic()
+            loaded = bytecode.imported_sources(rootfs, family.imports)
+            ctx.timings[f"{family.name}: import probe"] = time.monotonic() - started
         started = time.monotonic()
         sources = list(
             dict.fromkeys(

@@ -120,8 +120,8 @@ TORCHTUNE = ("torchtune==0.6.1", "torchao==0.15.0", "bitsandbytes==0.50.2", "kag
 
 # What the torch family's programs import at start: the Trainer's launchers (torchrun, TorchTune's ``tune``),
 # the frameworks its default runtimes run and the training APIs examples use. Byte-compiling every installed
-# source instead (about ten times the files: Transformers', JAX's and torch's unused parts) was half of a cold
-# image build (docs/images.md). mpi4py.MPI is left out: it loads Open MPI, which is a Debian layer of its own.
+# source instead (about four times the files: Transformers', JAX's and torch's unused parts) was a third to a
+# half of a cold image build (CONTRIBUTING.md). mpi4py.MPI is left out: it loads Open MPI, which is a Debian layer of its own.
 TORCH_IMPORTS = (
     "torch",
     "torch.distributed.run",
