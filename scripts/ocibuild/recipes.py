@@ -306,7 +306,7 @@ IMAGES["torchtune"] = ImageSpec(
     "trainflow-torchtune",
     "trainflow TorchTune trainer",
     "The runtimes image's Python layers plus torchtune 0.6.1, torchao 0.15.0, bitsandbytes and kagglehub (Kubeflow "
-    "Trainer v2.3.0's TorchTune image requirements) and trainflow (trainflow.core.tune.TrainflowLogger): the "
+    "Trainer v2.3.0's TorchTune image requirements) and trainflow (trainflow.core.torchtune_logger.TrainflowLogger): the "
     "TorchTune runtimes on CPU",
 )
 

@@ -7,7 +7,7 @@ Trainer's own, built from its v2.3.0 sources) fetch them into the runtime's volu
 served by a pre-bound hostPath PersistentVolume, as a platform's provisioner would. The Trainer renders
 ``tune run lora_finetune_single_device --config llama3_2/1B_lora_single_device`` for one CPU process, in
 trainflow's TorchTune image (the upstream image's pins: torch 2.9.1, torchtune 0.6.1, torchao 0.15.0).
-``trainflow.core.tune.TrainflowLogger`` reports each step's loss to the Trainer's status server
+``trainflow.core.torchtune_logger.TrainflowLogger`` reports each step's loss to the Trainer's status server
 (``trainerStatus``) and, when the recipe ends, publishes its output (the LoRA adapter) to the ``s3://``
 output_uri. The store's secret key is found nowhere but in its Secret.
 """
@@ -58,7 +58,10 @@ def test_torchtune_lora_fine_tune_reports_loss_and_publishes_its_adapter(
         name=JOB,
         runtime=RUNTIME,
         image=IMAGE,
-        args=[*tiny_llama.RECIPE_ARGS, "metric_logger._component_=trainflow.core.tune.TrainflowLogger"],
+        args=[
+            *tiny_llama.RECIPE_ARGS,
+            "metric_logger._component_=trainflow.core.torchtune_logger.TrainflowLogger",
+        ],
         proc_per_node=1,
         # The runtime's node container asks for 2 GPUs and the Trainer merges resourcesPerNode into it: a zero
         # GPU limit is what runs it on CPU nodes (left out, the pod stays Unschedulable: Insufficient nvidia.com/gpu)

@@ -7,8 +7,8 @@ import pytest
 from trainflow.core.errors import InvalidRequest
 from trainflow.core.kube.diagnostics import newest as newest_pod
 from trainflow.core.kube.logs import container_state, parse_timestamp, step_target, will_restart
+from trainflow.core.report_lines import last_report
 from trainflow.core.reporting import parse_report_line
-from trainflow.core.reportlog import last_report
 from trainflow.core.runtimes import find_runtime, local_catalog
 
 

@@ -20,7 +20,7 @@ import click
 from trainflow.core import cli_output, cli_progress
 from trainflow.core.backend import Backend
 from trainflow.core.charts import duration
-from trainflow.core.cli_request import BadInput, collect, request_options
+from trainflow.core.cli_options import BadInput, collect, request_options
 from trainflow.core.connection import connection_config, get_backend
 from trainflow.core.errors import (
     MAX_ERROR_CHARS,

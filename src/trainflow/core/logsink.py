@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-DRAIN_SECONDS = 5.0  # after the job ended, how long its last lines may take to arrive
+DRAIN_SECONDS = 5.0  # after the job ended, how long its last lines may go without a new one before they stop
 
 
 @dataclass

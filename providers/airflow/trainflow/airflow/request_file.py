@@ -23,7 +23,7 @@ def parse_request_file(content: str | None) -> dict[str, Any]:
     """The rendered file's request fields ({} without one); InvalidRequest naming ``request_file``."""
     if not content:
         return {}
-    from trainflow.core.requestfile import parse_request_text
+    from trainflow.core.request_text import parse_request_text
 
     return parse_request_text(str(content), "request_file")
 

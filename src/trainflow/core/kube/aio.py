@@ -6,12 +6,11 @@ error translation, same raw JSON. A waiter on an event loop never falls back to 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from trainflow.core.kube import retry
 from trainflow.core.kube.calls import Call
-from trainflow.core.kube.client import _mapped, decode
+from trainflow.core.kube.client import _mapped, decode, policy_for
 from trainflow.core.kube.http import Transport, aread_all
 
 
@@ -30,7 +29,7 @@ class AsyncKubeApi:
         try:
             if call.verb == "create":
                 raise ValueError("creates go through the sync client (launch), never an event loop")
-            policy = self.policy if call.attempts is None else replace(self.policy, attempts=call.attempts)
+            policy = policy_for(call, self.policy)
             if call.stream:
                 return await retry.acall(self.transport.send, call, policy=policy)
             return await retry.acall(self._read, call, policy=policy)

@@ -25,7 +25,7 @@ from trainflow.core.kube.shared_watch import WatchKey
 from trainflow.core.kube.wait import WaitSettings, run_blocking, wait_for
 from trainflow.core.logsink import LogSink
 from trainflow.core.observe import UpdateCallback, resolve_deadline
-from trainflow.core.reportlog import TAIL_LINES
+from trainflow.core.report_lines import TAIL_LINES
 from trainflow.core.result import JobRef, TrainJobResult, result_from_trainjob
 
 if TYPE_CHECKING:

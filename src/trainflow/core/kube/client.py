@@ -43,6 +43,11 @@ def iter_lines(resp: Any) -> Iterator[bytes]:
         yield last
 
 
+def policy_for(call: Call, policy: retry.RetryPolicy) -> retry.RetryPolicy:
+    """The retry policy of one call: the API's, with the call's own number of attempts when it sets one."""
+    return policy if call.attempts is None else dataclasses.replace(policy, attempts=call.attempts)
+
+
 def _mapped(exc: Exception, call: Call, cluster: ClusterConfig | None) -> Exception:
     """The trainflow error for a failed call; a 401 names the kubeconfig user and context; a rejected create
     names the request field behind each path of the manifest it sent."""
@@ -82,7 +87,7 @@ class KubeApi:
         try:
             if call.verb == "create":
                 return self._create(call)
-            policy = self._policy(call)
+            policy = policy_for(call, self.policy)
             if call.stream:
                 return retry.call(self.http.send, call, policy=policy)
             return retry.call(self._read, call, policy=policy)
@@ -91,11 +96,6 @@ class KubeApi:
             if mapped is exc:
                 raise
             raise mapped from exc
-
-    def _policy(self, call: Call) -> retry.RetryPolicy:
-        return (
-            self.policy if call.attempts is None else dataclasses.replace(self.policy, attempts=call.attempts)
-        )
 
     def _read(self, call: Call) -> Any:
         return decode(call, read_all(self.http.send(call)))

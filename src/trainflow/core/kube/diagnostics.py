@@ -11,10 +11,10 @@ from datetime import datetime
 from typing import Any
 
 from trainflow.core.errors import Diagnostics
+from trainflow.core.failure_lines import condense
 from trainflow.core.kube import calls
 from trainflow.core.kube.calls import Call
 from trainflow.core.kube.plan import Plan
-from trainflow.core.logtail import condense
 from trainflow.core.naming import (
     JOBSET_NAME_LABEL as JOBSET_NAME_LABEL,  # its home; the log modules read it here
 )

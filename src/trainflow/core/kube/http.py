@@ -72,10 +72,25 @@ def _request(
     )
 
 
-def _error(resp: httpx.Response, body: bytes) -> ApiException:
-    return ApiException(
-        resp.status_code, resp.reason_phrase, body.decode("utf-8", "replace"), dict(resp.headers)
-    )
+class _ErrorBody:
+    """A failed answer's body, kept up to ``MAX_ERROR_BODY`` (an error is read whole only that far), and the
+    ``ApiException`` it makes: the one rule of both transports' send loops, which differ only in their I/O."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def add(self, chunk: bytes) -> bool:
+        """Keep what fits of ``chunk``; True once the cap is reached (stop reading)."""
+        self.data += chunk[: max(0, MAX_ERROR_BODY - len(self.data))]
+        return len(self.data) >= MAX_ERROR_BODY
+
+    def error(self, resp: httpx.Response) -> ApiException:
+        return ApiException(
+            resp.status_code,
+            resp.reason_phrase,
+            bytes(self.data).decode("utf-8", "replace"),
+            dict(resp.headers),
+        )
 
 
 class SyncHttp:
@@ -112,11 +127,14 @@ class SyncHttp:
                 continue
             if resp.is_success:
                 return resp
+            body = _ErrorBody()
             try:
-                body = b"".join(_capped(resp.iter_bytes(), MAX_ERROR_BODY))
+                for chunk in resp.iter_bytes():
+                    if body.add(chunk):
+                        break
             finally:
                 resp.close()
-            raise _error(resp, body)
+            raise body.error(resp)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:
@@ -124,15 +142,6 @@ class SyncHttp:
             for client in [*self._old, *([self._client] if self._client is not None else [])]:
                 client.close()
             self._old, self._client = [], None
-
-
-def _capped(chunks: Iterator[bytes], limit: int) -> Iterator[bytes]:
-    size = 0
-    for chunk in chunks:
-        yield chunk[: max(0, limit - size)]
-        size += len(chunk)
-        if size >= limit:
-            return
 
 
 def read_all(resp: httpx.Response) -> bytes:
@@ -203,15 +212,14 @@ class AsyncHttp:
                 continue
             if resp.is_success:
                 return resp
+            body = _ErrorBody()
             try:
-                body = b""
                 async for chunk in resp.aiter_bytes():
-                    body += chunk[: max(0, MAX_ERROR_BODY - len(body))]
-                    if len(body) >= MAX_ERROR_BODY:
+                    if body.add(chunk):
                         break
             finally:
                 await resp.aclose()
-            raise _error(resp, body)
+            raise body.error(resp)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _close_later(self, client: httpx.AsyncClient) -> None:

@@ -1,4 +1,4 @@
-"""Following a step's log on an event loop, as part of a wait: the async twin of ``LogReader.follow``.
+"""Following a step's log on an event loop, as part of a wait: the async driver of kube/logs.py's ``follow_plan``.
 
 It shares the rules of kube/logs.py (which pod and container, when a reconnect resumes, when the log is
 complete) and runs as a task of the wait that started it: no thread, and no request before the job runs (the
@@ -33,13 +33,23 @@ from trainflow.core.kube.apierrors import described
 from trainflow.core.kube.diagnostics import JOBSET_NAME_LABEL, newest
 from trainflow.core.kube.http import achunks, aclose
 from trainflow.core.kube.lines import LineBuffer
-from trainflow.core.kube.logs import Resume, StepTarget, ended, not_started, pod_ready_for_logs, step_target
+from trainflow.core.kube.logs import (
+    Copy,
+    Look,
+    Pause,
+    Resume,
+    StepTarget,
+    follow_plan,
+    not_started,
+    pod_ready_for_logs,
+    step_target,
+)
 from trainflow.core.kube.pod_watch import start_signature
 from trainflow.core.kube.shared_watch import Mailbox
 from trainflow.core.logsink import LogSink
 
 log = logging.getLogger(__name__)
-MAX_RECONNECTS = 50
+MAX_DRAIN_WINDOWS = 24  # a log still arriving after this many drain windows (2 minutes of 5 s) is cut there
 
 
 async def _pod(api: AsyncKubeApi, namespace: str, target: StepTarget) -> dict[str, Any] | None:
@@ -184,34 +194,30 @@ async def _until_ending(feed: PodFeed, stream: Coroutine[Any, Any, bool]) -> boo
 async def _stream(
     api: AsyncKubeApi, namespace: str, name: str, target: StepTarget, sink: LogSink, resume: Resume
 ) -> bool:
-    """Follow the container's log until it is complete (False) or the stream keeps dropping (False)."""
-    attempt = 0
+    """Follow the container's log (``follow_plan``) until it is complete, the sink wants no more lines or the
+    stream keeps dropping (said in the sink): False, the follower is done."""
+    plan = follow_plan(namespace, name, target.container, resume)
+    answer: Any = None
+    error: Exception | None = None
     while True:
-        dropped = False
         try:
-            resp = await api.run(
-                calls.pod_log(
-                    namespace, name, target.container, follow=True, timestamps=True,
-                    since_seconds=resume.since_seconds(),
-                )
-            )  # fmt: skip
-        except NotFound:
-            dropped, resp = True, None
-        if resp is not None:
-            wanted, copied, dropped = await _copy(resp, target.step, sink, resume)
-            if not wanted:
-                return False
-            if copied:
-                attempt = 0
-        if ended(await _pod(api, namespace, target), name, target.container, dropped):
+            step = plan.send(answer) if error is None else plan.throw(error)
+        except StopIteration as stop:
+            if stop.value:
+                sink.note(target.step, stop.value)
             return False
-        attempt += 1
-        if attempt > MAX_RECONNECTS:
-            sink.note(
-                target.step, f"log stream of {name} kept dropping; gave up after {MAX_RECONNECTS} reconnects"
-            )
-            return False
-        await asyncio.sleep(retry.backoff(attempt))
+        answer, error = None, None
+        try:
+            if isinstance(step, Copy):
+                answer = await _copy(step.response, target.step, sink, resume)
+            elif isinstance(step, Look):
+                answer = await _pod(api, namespace, target)
+            elif isinstance(step, Pause):
+                await asyncio.sleep(step.seconds)
+            else:
+                answer = await api.run(step)
+        except Exception as exc:
+            error = exc
 
 
 async def _poll(
@@ -346,15 +352,22 @@ class Followers:
         return self.runtimes[key]
 
     async def stop(self, drain: float) -> None:
-        """Let the last lines arrive (at most ``drain`` seconds), then cancel what is left."""
+        """Let the last lines arrive for as long as they keep coming: the followers' last reads end when what was
+        written is read, and one that copies nothing for ``drain`` seconds (or all of them, after
+        ``MAX_DRAIN_WINDOWS`` such windows) is cancelled. A slow machine thus loses no line it was still copying."""
         self.box.started = None
         if self.feed is not None:
             self.feed.ending.set()
             self.feed.changed.set()  # a follower still waiting for its pod stops waiting
-        pending: set[asyncio.Task[None]] = set()
-        if self.tasks:
-            _, pending = await asyncio.wait(self.tasks, timeout=drain)
+        pending: set[asyncio.Task[None]] = set(self.tasks)
+        copied, windows = -1, 0
+        while pending and windows < MAX_DRAIN_WINDOWS and self._copied() != copied:
+            copied, windows = self._copied(), windows + 1
+            _, pending = await asyncio.wait(pending, timeout=drain)
         rest = [*pending, *([self.feeder] if self.feeder is not None else [])]
         for task in rest:
             task.cancel()
         await asyncio.gather(*rest, return_exceptions=True)
+
+    def _copied(self) -> int:
+        return sum(self.sink.counts.values())

@@ -1,4 +1,5 @@
-"""Pick the pod/container of a step and read its log; ``follow`` reconnects from the last timestamp."""
+"""Pick the pod/container of a step and read its log; following it is one plan (``follow_plan``) that reconnects
+from the last timestamp, driven here on the sync client and by kube/logfollow.py on an event loop."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import logging
 import math
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from trainflow.core.errors import BackendError, InvalidRequest, NotFound
 from trainflow.core.kube import calls, retry
+from trainflow.core.kube.calls import Call
 from trainflow.core.kube.client import KubeApi, iter_lines
 from trainflow.core.kube.diagnostics import (
     COMPLETION_INDEX_LABEL,
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+MAX_RECONNECTS = 50
 _NODE_STEP = re.compile(r"^node(?:-(\d+))?$")
 _TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d) (.*)$", re.S)
 
@@ -165,6 +168,66 @@ def not_started(target: StepTarget, pod: Mapping[str, Any] | None, waited: float
     return f"pod for step {target.step!r} ({target.selector}) {found} after {waited:.0f}s"
 
 
+@dataclass(frozen=True)
+class Copy:
+    """A follow step: copy the new lines of this open log response; answered (the reader wants more lines,
+    lines copied, the connection dropped)."""
+
+    response: Any
+
+
+@dataclass(frozen=True)
+class Look:
+    """A follow step: the step's newest pod now; answered with it, or None."""
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A follow step: wait this long before the next try."""
+
+    seconds: float
+
+
+FollowStep = Call | Copy | Look | Pause
+
+
+def follow_plan(
+    namespace: str,
+    name: str,
+    container: str,
+    resume: Resume,
+    *,
+    tail_lines: int | None = None,
+    max_reconnects: int = MAX_RECONNECTS,
+) -> Generator[FollowStep, Any, str | None]:
+    """Follow one container's log until it is complete: a dropped stream or a pod missing at the open reconnects
+    from where ``resume`` got to (no line twice, none skipped), backing off while nothing new arrives. Returns
+    None when the log is complete or the reader wants no more lines, or why it gave up."""
+    attempt = 0
+    while True:
+        dropped, resp = False, None
+        try:
+            resp = yield calls.pod_log(
+                namespace, name, container, follow=True, timestamps=True,
+                tail_lines=tail_lines if resume.last_ts is None else None,
+                since_seconds=resume.since_seconds(),
+            )  # fmt: skip
+        except NotFound:  # the pod went away between the look and the open: checked below
+            dropped = True
+        if resp is not None:
+            wanted, copied, dropped = yield Copy(resp)
+            if not wanted:
+                return None
+            if copied:
+                attempt = 0
+        if ended((yield Look()), name, container, dropped):
+            return None
+        attempt += 1
+        if attempt > max_reconnects:
+            return f"log stream of {name} kept dropping; gave up after {max_reconnects} reconnects"
+        yield Pause(retry.backoff(attempt))
+
+
 class LogReader:
     """Reads one step's log through a KubeApi; bounded waits, reconnects without replaying."""
 
@@ -205,47 +268,51 @@ class LogReader:
         finally:
             finish(resp)
 
-    def follow(self, tail_lines: int | None = None, max_reconnects: int = 50) -> Iterator[str]:
+    def follow(self, tail_lines: int | None = None, max_reconnects: int = MAX_RECONNECTS) -> Iterator[str]:
+        """The step's log lines as they are written, until its container's log is complete (``follow_plan``)."""
         pod = self.wait_for_pod(time.time() + self.pod_wait)
-        name = str(pod["metadata"]["name"])
         resume = Resume()
-        attempt = 0
+        plan = follow_plan(
+            self.namespace, str(pod["metadata"]["name"]), self.target.container, resume,
+            tail_lines=tail_lines, max_reconnects=max_reconnects,
+        )  # fmt: skip
+        answer: Any = None
+        error: Exception | None = None
         while True:
-            dropped = False
             try:
-                resp = self.api.run(
-                    calls.pod_log(
-                        self.namespace,
-                        name,
-                        self.target.container,
-                        follow=True,
-                        timestamps=True,
-                        tail_lines=tail_lines if resume.last_ts is None else None,
-                        since_seconds=resume.since_seconds(),
-                    )
-                )
-            except NotFound:  # the pod went away between the look and the open: checked below
-                dropped = True
-                resp = None
-            if resp is not None:
-                try:
-                    for raw in iter_lines(resp):
-                        text = resume.fresh(raw.decode("utf-8", "replace"))
-                        if text is not None:
-                            attempt = 0
-                            yield text
-                except Exception as exc:
-                    if not retry.is_connection_error(exc):
-                        raise
-                    dropped = True
-                finally:
-                    finish(resp)
-            if ended(self.find_pod(), name, self.target.container, dropped):
+                step = plan.send(answer) if error is None else plan.throw(error)
+            except StopIteration as stop:
+                if stop.value:
+                    raise BackendError(stop.value) from None
                 return
-            attempt += 1
-            self.reconnects += 1
-            if attempt > max_reconnects:
-                raise BackendError(
-                    f"log stream of {name} kept dropping; gave up after {max_reconnects} reconnects"
-                )
-            time.sleep(retry.backoff(attempt))
+            answer, error = None, None
+            try:
+                if isinstance(step, Copy):
+                    answer = yield from _copy(step.response, resume)
+                elif isinstance(step, Look):
+                    answer = self.find_pod()
+                elif isinstance(step, Pause):
+                    self.reconnects += 1
+                    time.sleep(step.seconds)
+                else:
+                    answer = self.api.run(step)
+            except Exception as exc:
+                error = exc
+
+
+def _copy(resp: Any, resume: Resume) -> Generator[str, None, tuple[bool, int, bool]]:
+    """Yield a log response's new lines, then close it: (more lines wanted, lines copied, the connection dropped)."""
+    copied = 0
+    try:
+        for raw in iter_lines(resp):
+            text = resume.fresh(raw.decode("utf-8", "replace"))
+            if text is not None:
+                copied += 1
+                yield text
+    except Exception as exc:
+        if not retry.is_connection_error(exc):
+            raise
+        return True, copied, True
+    finally:
+        finish(resp)
+    return True, copied, False

@@ -45,7 +45,7 @@ from trainflow.core.observe import (
     observe_queue,
     tell,
 )
-from trainflow.core.reportlog import read_tail
+from trainflow.core.report_lines import read_tail
 from trainflow.core.result import RETURNS_ANNOTATION, JobRef, JobState
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def finish(
     waiter: Waiter, diagnose: bool, log_tail_lines: int, captured: Diagnostics | None = None
 ) -> Plan[Ending]:
     """A waiter's terminal TrainJob -> its ending, with the waiter's history and Kueue's word (preemptions, time
-    queued: one read) and what rank 0's log tail says (``reportlog.read_tail``); a Failed one with diagnostics
+    queued: one read) and what rank 0's log tail says (``report_lines.read_tail``); a Failed one with diagnostics
     (``diagnose``; with what the pods showed while they existed: ``captured``)."""
     obj, seen = waiter.obj, waiter.result
     assert obj is not None and seen is not None

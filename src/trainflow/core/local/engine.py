@@ -35,7 +35,7 @@ from trainflow.core.errors import (
     PermissionDenied,
     TrainJobNotFound,
 )
-from trainflow.core.local import cleanup, diagnose, logs, policies, store, trust
+from trainflow.core.local import cleanup, diagnostics, logs, policies, store, trust
 from trainflow.core.local.waiting import LocalWait
 from trainflow.core.logsink import LogSink
 from trainflow.core.observe import UpdateCallback, resolve_deadline
@@ -248,7 +248,7 @@ class LocalBackend(WaitsByEnding):
     def diagnostics(self, ref: JobRef | str) -> Any:
         """Failed nodes (index, exit code, signal, torchrun's failing rank) and the failing node's log tail."""
         jref, job = self._job(ref)
-        return diagnose.diagnose(job, result_from_trainjob(self._read(job, jref)).reason or "")
+        return diagnostics.diagnose(job, result_from_trainjob(self._read(job, jref)).reason or "")
 
     # --- wait -----------------------------------------------------------------------------------------
     def _wait(

@@ -1,5 +1,5 @@
 """The local engine's wait: the job's state files read on a short poll through the rules a wait on a cluster
-follows (``observe``, ``observe.tell``, ``reportlog.read_tail``), ending in the same ``Ending``."""
+follows (``observe``, ``observe.tell``, ``report_lines.read_tail``), ending in the same ``Ending``."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 
 from trainflow.core.ending import Ending, EndKind
 from trainflow.core.errors import QueueBudgetExceeded, TrainJobFailed, TrainJobNotFound, WaitTimeout
-from trainflow.core.local import diagnose, logs, reports, store
+from trainflow.core.local import diagnostics, logs, reports, store
 from trainflow.core.logsink import LogSink
 from trainflow.core.observe import UpdateCallback, Waiter, observe, tell
-from trainflow.core.reportlog import TAIL_LINES, read_tail
+from trainflow.core.report_lines import TAIL_LINES, read_tail
 from trainflow.core.result import RETURNS_ANNOTATION, JobRef, JobState
 
 # the job's state (its directory and its TrainJob object as the engine reads it); TrainJobNotFound when gone
@@ -57,7 +57,7 @@ class LocalWait:
             return Ending.of_error(self.ref, QueueBudgetExceeded(result))
         if out.done:
             if result.state is JobState.FAILED and self.diagnose:
-                failed = TrainJobFailed(result, diagnose.diagnose(job, result.reason or ""))
+                failed = TrainJobFailed(result, diagnostics.diagnose(job, result.reason or ""))
                 return Ending.of_error(self.ref, failed)
             returns = RETURNS_ANNOTATION in (obj["metadata"].get("annotations") or {})
             if result.succeeded and (returns or not result.metrics):

@@ -21,7 +21,7 @@ import yaml
 
 from trainflow.core.errors import InvalidRequest
 from trainflow.core.request import TrainJobRequest
-from trainflow.core.requestfile import MAX_REQUEST_FILE_BYTES, parse_request_text
+from trainflow.core.request_text import MAX_REQUEST_FILE_BYTES, parse_request_text
 from trainflow.core.validation import parse_request
 
 SINGULAR = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from trainflow.core.errors import Diagnostics
+from trainflow.core.failure_lines import condense
 from trainflow.core.local import store
-from trainflow.core.logtail import condense
 
 LOG_TAIL_LINES = 30
 ENGINE_REASONS = ("SupervisorLost", "LocalEngineError", "StartError", "SecretNotFound")

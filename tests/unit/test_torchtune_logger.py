@@ -1,4 +1,4 @@
-"""trainflow.core.tune.TrainflowLogger, one function at a time: what a recipe's log calls become as reports
+"""trainflow.core.torchtune_logger.TrainflowLogger, one function at a time: what a recipe's log calls become as reports
 (the local engine's job state is the sink here), and when close() publishes. The whole path (a real recipe,
 the Trainer's status server, the store) is tests/e2e_pods/test_torchtune_pods.py."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trainflow.core import storage
-from trainflow.core.tune import TrainflowLogger
+from trainflow.core.torchtune_logger import TrainflowLogger
 
 
 class Scalar:

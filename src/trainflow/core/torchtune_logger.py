@@ -1,7 +1,7 @@
 """TorchTune recipes: ``TrainflowLogger`` reports a recipe's logged metrics and progress through ``report()``,
 and publishes its output to an ``s3://`` ``output_uri`` once training ends.
 
-    tune run ... metric_logger._component_=trainflow.core.tune.TrainflowLogger
+    tune run ... metric_logger._component_=trainflow.core.torchtune_logger.TrainflowLogger
 
 A TorchTune runtime fixes the recipe's ``output_dir`` (``/workspace/output``, on the runtime's volume) and its
 command (``tune run``), so the metric logger is the one hook a TrainJob's args can plug in. Each ``log_dict`` is
