@@ -21,21 +21,31 @@ from trainflow.airflow.triggers import TrainJobTrigger
 from trainflow.core.result import JobState, TrainJobResult
 
 SEEN: list[tuple[str, int]] = []
+ACKS: list[Path] = []  # where ``remember`` says which report it saw, for a trainer that waits for it
 log = logging.getLogger("test.callbacks")
 
 
 def remember(result: TrainJobResult) -> None:
     SEEN.append((result.state.value, result.history.seen))
+    for acks in ACKS:
+        (acks / str(result.history.seen)).touch()
 
 
-def paced(reports: int = 8, seconds: float = 0.3) -> None:
-    """Trainer: ``reports`` reports, ``seconds`` apart."""
+def paced(reports: int = 8, seconds: float = 0.3, acks: str = "", hang: float = 600.0) -> None:
+    """Trainer: ``reports`` reports, ``seconds`` apart; with ``acks``, each one only once the callback saw the
+    one before (a file named by its number there), so no two reports fall between two looks of a slow wait."""
+    import os
     import time
 
     from trainflow.core.reporting import report
 
     for i in range(reports):
         time.sleep(seconds)
+        start = time.monotonic()
+        while acks and i and not os.path.exists(os.path.join(acks, str(i))):
+            if time.monotonic() - start > hang:
+                raise SystemExit(f"the callback never saw report {i}")
+            time.sleep(0.05)
         report(metrics={"loss": 1.0 / (i + 1)}, progress=(i + 1) * 100 // reports)
 
 
@@ -128,8 +138,14 @@ def test_the_trigger_calls_the_update_callback_for_each_report(trainflow_home: P
     from trainflow.core import TrainJobRequest, get_backend
 
     backend = get_backend("local", home=str(trainflow_home))
+    acks = trainflow_home / "acks"
+    acks.mkdir()
     request = TrainJobRequest(
-        runtime="jax-distributed", function=paced, num_nodes=1, idempotency_key="cb-trig"
+        runtime="jax-distributed",
+        function=paced,
+        function_kwargs={"acks": str(acks), "hang": HANG},
+        num_nodes=1,
+        idempotency_key="cb-trig",
     )
     ref = backend.submit(request)
     trigger = TrainJobTrigger(
@@ -148,7 +164,11 @@ def test_the_trigger_calls_the_update_callback_for_each_report(trainflow_home: P
         event = await asyncio.wait_for(agen.__anext__(), HANG)
         return dict(event.payload)
 
-    payload = asyncio.run(run())
+    ACKS.append(acks)
+    try:
+        payload = asyncio.run(run())
+    finally:
+        ACKS.clear()
     assert payload["status"] == "success", payload
     reports = sorted({seen for _, seen in SEEN if seen})
     assert reports == list(range(1, 9)), SEEN  # each of the 8 reports reached the callback
