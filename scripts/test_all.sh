@@ -6,15 +6,15 @@
 #   lane e2e    : the object store (Go, nice 10), then e2e on a kwok testbed (after the control plane and Kueue)
 #   lane reliab.: e2e-reliability on a testbed of its own (after the Go builds)
 #   lane build  : control plane, Kueue, then the node components (Go) | images for the pods (in parallel)
-#   lane airflow: test-fast-airflow | e2e-airflow on the newest (after the control plane and Kueue)
+#   lane airflow: test-fast-airflow, then e2e-airflow on the newest (after the control plane and Kueue)
 #   lane floors : the floor suite on Airflow 2.11, then 3.0 (no cluster; after the Go builds)
 #   lane pods   : e2e-pods (after the node components and the images)
 #
 # Priorities: the Go builds gate every cluster suite and the pods images gate the pods suite (the pods lane is
 # the critical path on a cold machine: its suite waits on real pods more than it computes, so it must start
 # early to overlap the others), so they run at normal priority, and the suites that need no cluster (lint ...
-# test-images, test-fast-airflow) at nice 5 until the builds end, then at normal priority. The cluster and
-# Airflow deployment suites, whose tests wait on real processes, run at normal priority.
+# test-images, test-fast-airflow) at nice 5. The cluster and Airflow deployment suites, whose tests wait on real
+# processes, run at normal priority.
 #
 # Each step's output goes to $TRAINFLOW_TEST_LOGS/<step>.log (default build/test-logs); a failing step's log
 # tail is printed. Exit status: 0 when every step passed. Run one suite alone with its own make target.
@@ -99,23 +99,10 @@ ended() { # marker: waits until that build has ended, passed or failed
   while [ ! -e "$LOGS/.$1" ] && [ ! -e "$LOGS/.$1-failed" ]; do sleep "$POLL"; done
 }
 
-builds_ended() { [ -e "$LOGS/.go-done" ] && { [ -e "$LOGS/.images" ] || [ -e "$LOGS/.images-failed" ]; }; }
-checks_nice() { # the suites that need no cluster yield to the cold builds, and only while there are builds
-  if builds_ended; then echo 0; else echo 5; fi
-}
-renice_when_built() { # lanes...: once the builds ended, the steps already running at nice 5 run at normal
-  # priority (on a warm machine the builds end at once and the fast lanes, starved at nice 5 by the cluster
-  # lanes, ended last). Raising a priority needs CAP_SYS_NICE: without it they keep nice 5.
-  until builds_ended; do sleep "$POLL"; done
-  local p all=()
-  for p in "$@"; do all+=($(tree "$p")); done
-  [ ${#all[@]} -gt 0 ] && renice --priority 0 -p "${all[@]}" >/dev/null 2>&1
-  return 0
-}
 lane_checks() { # every step runs even after a failure, so one CI run reports every broken suite
   local rc=0 t
   for t in lint typecheck check-components test-fast-rest test-dist test-images; do
-    step "$t" nice -n "$(checks_nice)" "${MK[@]}" "$t" || rc=1
+    step "$t" nice -n 5 "${MK[@]}" "$t" || rc=1
   done
   return $rc
 }
@@ -160,14 +147,13 @@ lane_floors() { # no cluster: the local engine in each floor line's deployment
   return $rc
 }
 lane_airflow() {
-  step test-fast-airflow nice -n "$(checks_nice)" "${MK[@]}" test-fast-airflow
-}
-lane_airflow_deploy() { # beside test-fast-airflow: it shares no state dir, port or venv with it (it ran after
-  # it, and on a warm machine that put its 11 minutes alone at the end: 883 CPU-seconds idle)
+  local rc=0
+  step test-fast-airflow nice -n 5 "${MK[@]}" test-fast-airflow || rc=1
   await control-plane && await kueue || return 1
   # its own kwok testbed instance, so it never shares (or stops) the e2e lane's
   TRAINFLOW_TESTBED_DIR=/tmp/trainflow-airflow-testbed TRAINFLOW_TESTBED_PORT_BASE=24380 \
-    step e2e-airflow "${MK[@]}" e2e-airflow
+    step e2e-airflow "${MK[@]}" e2e-airflow || rc=1
+  return $rc
 }
 lane_reliability() {
   await control-plane || return 1
@@ -202,20 +188,17 @@ stop_lanes() { # every process under the lanes at once: make's recipes run their
   for p in "${pids[@]}"; do all+=("$p" $(tree "$p")); done
   kill -TERM "${all[@]}" 2>/dev/null; wait
 }
-trap 'say "interrupted: stopping the lanes"; kill "$disk_watcher" ${renicer:-} 2>/dev/null; stop_lanes; exit 130' INT TERM
+trap 'say "interrupted: stopping the lanes"; kill "$disk_watcher" 2>/dev/null; stop_lanes; exit 130' INT TERM
 lane_checks & pids+=($!)
 lane_e2e & pids+=($!)
 lane_build_go & pids+=($!)
 lane_build_images & pids+=($!)
 lane_airflow & pids+=($!)
-lane_airflow_deploy & pids+=($!)
 lane_floors & pids+=($!)
 lane_reliability & pids+=($!)
 lane_pods & pids+=($!)
-renice_when_built "${pids[0]}" "${pids[4]}" & renicer=$!  # the checks and test-fast-airflow lanes
 failed=0
 for p in "${pids[@]}"; do wait "$p" || failed=1; done
-kill "$renicer" 2>/dev/null
 
 kill "$disk_watcher" 2>/dev/null
 [ -n "$CPU_CGROUPS" ] && rmdir "$CPU_CGROUPS"/* "$CPU_CGROUPS" 2>/dev/null

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from bounds import HANG
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="trainflow-airflow-tests-"))
@@ -86,7 +88,7 @@ def af() -> AirflowTools:
 def airflow_db() -> Path:
     """``airflow db migrate`` once per session (SQLite, in tmp)."""
     log = _SESSION_TMP / "migrate.log"
-    result = run([str(BIN / "airflow"), "db", "migrate"], airflow_env(_SESSION_TMP / "trainflow"), 300, log)
+    result = run([str(BIN / "airflow"), "db", "migrate"], airflow_env(_SESSION_TMP / "trainflow"), HANG, log)
     assert result.returncode == 0, result.stdout[-4000:]
     return AIRFLOW_HOME
 

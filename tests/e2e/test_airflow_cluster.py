@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
 from trainflow.core.naming import KEY_LABEL, MANAGED_BY_LABEL
 
 pytestmark = pytest.mark.e2e
@@ -72,7 +73,7 @@ def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     home = tmp_path_factory.mktemp("airflow-e2e")
     (home / "airflow").mkdir()
     (home / "trainflow").mkdir()
-    rc, out = run([str(BIN / "airflow"), "db", "migrate"], airflow_env(home, {}), 300, home / "migrate.log")
+    rc, out = run([str(BIN / "airflow"), "db", "migrate"], airflow_env(home, {}), HANG, home / "migrate.log")
     assert rc == 0, out[-4000:]
     yield home
 

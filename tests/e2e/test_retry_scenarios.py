@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
 from conftest import KWOK_COMPLETE_DELAY, KWOK_FAIL_LABEL, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -319,7 +320,7 @@ def airflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("scenario-airflow")
     env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
     subprocess.run(
-        [str(BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True, timeout=300
+        [str(BIN / "airflow"), "db", "migrate"], env=env, check=True, capture_output=True, timeout=HANG
     )
     return home
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
 from browser import cli_chart_points, history_points, task_page_points
 from conftest import TRAINER_GROUP, TRAINER_VERSION, record, sigterm_when_running
 
@@ -84,7 +85,7 @@ def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     (home / "airflow").mkdir()
     (home / "trainflow").mkdir()
     env = {**os.environ, "AIRFLOW_HOME": str(home / "airflow"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
-    rc, out = run([str(BIN / "airflow"), "db", "migrate"], env, 300, home / "migrate.log")
+    rc, out = run([str(BIN / "airflow"), "db", "migrate"], env, HANG, home / "migrate.log")
     assert rc == 0, out[-4000:]
     yield home
 

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bounds import HANG
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 BIN = Path(sys.executable).parent
@@ -43,7 +45,7 @@ def airflow_home() -> Path:
             env=env(home, home / "trainflow"),
             stdout=fh,
             stderr=subprocess.STDOUT,
-            timeout=300,
+            timeout=HANG,
         )
     assert rc == 0, log.read_text()[-4000:]
     return home
@@ -84,7 +86,7 @@ def start(
         )
 
 
-def run(trainflow_home: Path, args: list[str], log: Path, timeout: float = 300) -> dict[str, Any]:
+def run(trainflow_home: Path, args: list[str], log: Path, timeout: float = HANG) -> dict[str, Any]:
     """Run the DAG to the end (no patch) and return its summary plus the log."""
     proc = start(trainflow_home, "none", log.with_suffix(".marker"), args, log)
     try:

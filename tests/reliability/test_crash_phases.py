@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -28,12 +29,23 @@ from airflow_local import (
     xcom_keys,
 )
 
+from bounds import HANG
 from trainflow.core import get_backend
 from trainflow.core.naming import KEY_LABEL, key_label
 
 pytestmark = pytest.mark.slow
 DAG = "tf_rel_sync_delete"
 OUT = Path(os.environ.get("TRAINFLOW_RELIABILITY_OUT", "/tmp/trainflow-reliability"))
+
+
+def open_once_reattached(log: Path, gate: Path) -> None:
+    """Open the trainer's gate once the rerun's log says it reattached (the job must still run then)."""
+    deadline = time.monotonic() + HANG
+    while not gate.exists() and time.monotonic() < deadline:
+        if log.exists() and "Reattaching to running TrainJob" in log.read_text(errors="replace"):
+            gate.touch()
+            return
+        time.sleep(0.2)
 
 
 def key_jobs(backend, run_id: str) -> list:
@@ -46,8 +58,10 @@ def key_jobs(backend, run_id: str) -> list:
     ("phase", "run_after", "seconds"),
     [
         ("before_create", "2026-03-01T01:00:00", 3),
-        ("after_create", "2026-03-01T02:00:00", 90),  # outlives a rerun slow to start under load
-        ("waiting", "2026-03-01T03:00:00", 90),  # likewise: at load 13-16 a 45 s job had ended first
+        # the trainer of a job the rerun must find running trains until the rerun said it reattached (a gate
+        # file): a 90 s job had ended before a rerun at load 33 started, as a 45 s one had at load 13-16
+        ("after_create", "2026-03-01T02:00:00", 90),
+        ("waiting", "2026-03-01T03:00:00", 90),
     ],
 )
 def test_sigkill_at_phase_then_rerun_reattaches(phase: str, run_after: str, seconds: int, tmp_path: Path):
@@ -55,12 +69,14 @@ def test_sigkill_at_phase_then_rerun_reattaches(phase: str, run_after: str, seco
     home.mkdir()
     backend = get_backend("local", home=str(home))
     marker = tmp_path / "phase.marker"
+    gate = tmp_path / "reattached.gate"
+    conf = {"seconds": seconds, "gate": str(gate) if phase != "before_create" else ""}
     t0 = time.monotonic()
-    proc = start(home, phase, marker, args(DAG, run_after, {"seconds": seconds}), tmp_path / "killed.log")
+    proc = start(home, phase, marker, args(DAG, run_after, conf), tmp_path / "killed.log")
     try:
-        wait_for(marker.exists, 180, f"the task to reach {phase}")
+        wait_for(marker.exists, HANG, f"the task to reach {phase}")
         if phase == "waiting":  # mid-wait: the job's trainer is running
-            wait_for(lambda: [j for j in backend.list() if j.state.value == "Running"], 60, "a Running job")
+            wait_for(lambda: [j for j in backend.list() if j.state.value == "Running"], HANG, "a Running job")
     finally:
         kill_group(proc)  # SIGKILL: no on_kill, the worker just vanished
     killed_at = time.monotonic() - t0
@@ -85,7 +101,13 @@ def test_sigkill_at_phase_then_rerun_reattaches(phase: str, run_after: str, seco
             assert xcom_name == name, recorded
 
     t1 = time.monotonic()
-    out = run(home, args(DAG, run_after, {"seconds": seconds}), tmp_path / "rerun.log")
+    rerun_log = tmp_path / "rerun.log"
+    opener = threading.Thread(target=open_once_reattached, args=(rerun_log, gate), daemon=True)
+    opener.start()
+    try:
+        out = run(home, args(DAG, run_after, conf), rerun_log)
+    finally:
+        gate.touch()  # however the rerun ended, no trainer waits on the gate
     rerun_s = time.monotonic() - t1
     assert out["state"] == "success", out["tasks"]
     assert out["run_id"] == f"manual__{run_after}+00:00"  # the same DagRun

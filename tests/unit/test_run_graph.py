@@ -59,10 +59,3 @@ def test_a_failed_object_store_build_still_ends_before_the_prune(tmp_path: Path)
 def test_the_prune_waits_for_the_go_chain_too(tmp_path: Path, slow: str) -> None:
     lines = run_graph(tmp_path, {slow: 2})
     assert index(lines, f"passed {slow}") < index(lines, "start prune-go-cache")
-
-
-def test_the_airflow_deployment_suite_runs_beside_the_fast_airflow_suite(tmp_path: Path) -> None:
-    # it waits for the control plane and Kueue only, not for test-fast-airflow (which it used to follow)
-    lines = run_graph(tmp_path, {"build-kueue": 1, "test-fast-airflow": 20})
-    assert index(lines, "passed build-kueue") < index(lines, "start e2e-airflow")
-    assert index(lines, "start e2e-airflow") < index(lines, "passed test-fast-airflow")
