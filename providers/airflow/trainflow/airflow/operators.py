@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from trainflow.airflow import _config, arguments, lineage
 from trainflow.airflow.actions import DeleteTrainJobOperator, ResumeTrainJobOperator, SuspendTrainJobOperator
 from trainflow.airflow.arguments import TEMPLATED_ARGS
-from trainflow.airflow.base import TrainJobBaseOperator, fail_without_retry
+from trainflow.airflow.base import fail_without_retry
 from trainflow.airflow.callbacks import DEFAULT_TIMEOUT, Callback, dotted_path, worker_updates
 from trainflow.airflow.identity import airflow_labels, idempotency_key, is_first_try, is_new_run, ti_identity
 from trainflow.airflow.links import extra_links
@@ -52,7 +52,7 @@ OnFinishAction = Literal["keep", "delete", "delete_succeeded"]
 DEFER_TIMEOUT_PADDING = 60.0  # the trigger's own deadline fires first, so it can report and clean up
 
 
-class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes, TrainJobBaseOperator):
+class TrainJobOperator(RequestFileTemplates, TrainJobOutcomes):
     """Run one TrainJob and return its ``TrainJobResult`` (as a dict) through XCom.
 
     Every request argument maps onto ``trainflow.core.TrainJobRequest``; ``request`` (a dict) and

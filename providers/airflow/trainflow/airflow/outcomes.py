@@ -1,6 +1,7 @@
 """What a TrainJob task leaves behind: the identity record and XComs, and how each ending is handled.
 
-A mixin of ``TrainJobOperator``. The backend is built only when an ending needs one (a delete): resuming after
+The base of ``TrainJobOperator`` (its settings are that operator's parameters). The backend is built only when an
+ending needs one (a delete): resuming after
 the trigger fired carries the result in the event, and building a kubernetes backend only to return it cost
 2-3 CPU-seconds per resumed task.
 """
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainflow.airflow import lineage
+from trainflow.airflow.base import TrainJobBaseOperator
 from trainflow.airflow.compat_sdk import AirflowException
 from trainflow.airflow.links import XCOM_KEY
 
@@ -25,24 +27,17 @@ STATE_STORE_KEY = "trainflow_trainjob"
 ON_KILL_WAIT_SECONDS = 60.0  # the delete usually takes well under a second; a worker SIGKILLs sooner
 
 
-class TrainJobOutcomes:
+class TrainJobOutcomes(TrainJobBaseOperator):
     """Identity record, XComs and endings (finish, timeout, kill) of a TrainJob task."""
 
-    if TYPE_CHECKING:
-        log: Any
-        durable: bool | None
-        on_kill_action: str
-        on_finish_action: str
-        on_result_callback: Any
-        callback_timeout: float
-        conn_id: str | None
-        outlets: list[Any]
-        _trainjob_ref: dict[str, Any] | None
-        _result: TrainJobResult | None
-        _lineage: lineage.Lineage
-
-        def get_backend(self) -> Backend: ...
-        def _ref(self, name: str, namespace: str | None) -> JobRef: ...
+    durable: bool | None
+    on_kill_action: str
+    on_finish_action: str
+    on_result_callback: Any
+    callback_timeout: float
+    _trainjob_ref: dict[str, Any] | None
+    _result: TrainJobResult | None
+    _lineage: lineage.Lineage
 
     # -- identity record -------------------------------------------------------------------------
 
