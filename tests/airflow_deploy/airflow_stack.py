@@ -122,6 +122,11 @@ def build_env(
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "45",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+            # a loaded machine: the task supervisor's calls to the execution API time out after 5 s (httpx's
+            # default), and with the default 5 retries a task failed before it ran at load 15-18 (3.0.6);
+            # retried for minutes instead, and a few slow heartbeats do not end a healthy task
+            "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": "30",
+            "AIRFLOW__WORKERS__MAX_FAILED_HEARTBEATS": "10",
         }
     else:  # Airflow 2: the same settings under their 2.x names; the webserver (FAB) public role is Admin
         env |= {

@@ -390,3 +390,31 @@ def test_the_final_look_names_the_captured_crash_first() -> None:
     same = with_first_crash(_crash("r1", 5, "diverged"), _crash("r1", 5))
     assert [r["pod"] for r in same.failed_ranks] == ["r1"] and same.log_tail == "diverged"
     assert with_first_crash(_crash("r0", 1, "x"), None).failed_ranks[0]["pod"] == "r0"
+
+
+def test_a_container_restarted_between_the_look_and_the_read_gives_the_crashed_instances_log():
+    """The pod showed the container terminated, but the kubelet restarted it before its log was read: the
+    current instance's log is "unable to retrieve container logs", so the previous instance is read (seen on
+    real pods: a dataset initializer with a wrong credential, OnFailure)."""
+
+    class RestartedMeanwhile(FakeApi):
+        def list_pods(self, namespace, selector, limit=100):
+            return [pod("job-node-0-0", phase="Running", containers=[terminated("node", 1)])]
+
+        def log_text(self, namespace, pod, container, **kw):
+            self.calls.append(f"log previous={kw.get('previous')}")
+            if kw.get("previous"):
+                return "Traceback: crashed instance"
+            return "unable to retrieve container logs for containerd://2500a34ce9a1"
+
+    api = RestartedMeanwhile()
+    diag = run(collect("ns", "job"), api)
+    assert diag.log_tail == "Traceback: crashed instance"
+    assert api.calls.count("log previous=False") == 1 and api.calls.count("log previous=True") == 1
+
+    class Gone(RestartedMeanwhile):
+        def log_text(self, namespace, pod, container, **kw):
+            self.calls.append(f"log previous={kw.get('previous')}")
+            return "unable to retrieve container logs for containerd://2500a34ce9a1"
+
+    assert run(collect("ns", "job"), Gone()).log_tail == ""  # no tail rather than the kubelet's words

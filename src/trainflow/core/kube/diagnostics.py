@@ -54,6 +54,7 @@ MAX_TEXT = 300
 MAX_LINES = 20
 # a failed rank's log is read this far back (bounded), then condensed to the tail the error shows
 READ_LINES, READ_BYTES = 400, 65536
+UNRETRIEVABLE = "unable to retrieve container logs for "  # the kubelet's answer for a log it no longer has
 
 
 def _short(text: Any, limit: int = MAX_TEXT) -> str:
@@ -237,19 +238,24 @@ def _failed_log_tail(
     failed = next((r for r in failed_ranks if r.get("container") in logged), None)
     if failed is None:
         return ""
-    try:
-        text = yield calls.pod_log(
-            namespace,
-            failed["pod"],
-            str(failed["container"]),
-            tail_lines=READ_LINES,
-            limit_bytes=READ_BYTES,
-            previous=bool(failed.get("restarted")),
-        )
-    except Exception as exc:
-        log.debug("log tail of %s failed: %r", failed["pod"], exc)
-        return ""
-    return "\n".join(condense(str(text).splitlines(), tail_lines))
+    # a container seen terminated may be restarted in place before its log is read: the crash is then the
+    # previous instance's, and the kubelet answers for the new one "unable to retrieve container logs"
+    for previous in (True,) if failed.get("restarted") else (False, True):
+        try:
+            text = yield calls.pod_log(
+                namespace,
+                failed["pod"],
+                str(failed["container"]),
+                tail_lines=READ_LINES,
+                limit_bytes=READ_BYTES,
+                previous=previous,
+            )
+        except Exception as exc:
+            log.debug("log tail of %s (previous=%s) failed: %r", failed["pod"], previous, exc)
+            continue
+        if not str(text).startswith(UNRETRIEVABLE):
+            return "\n".join(condense(str(text).splitlines(), tail_lines))
+    return ""
 
 
 def crash_of(namespace: str, pod: Mapping[str, Any], tail_lines: int = 20) -> Plan[Diagnostics]:
