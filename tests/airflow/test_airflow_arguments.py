@@ -182,3 +182,9 @@ def test_every_problem_is_named_at_once() -> None:
         "env",
     ], text
     assert "hunter2" not in text  # a value that may be a secret is never echoed
+
+
+def test_a_mappings_keys_are_never_templates() -> None:
+    """Airflow renders a mapping's values, not its keys (its templater, 2.x and 3.x): a "{{" key is literal."""
+    assert not deferred({"{{ ds }}": "x"}) and deferred({"x": "{{ ds }}"})
+    assert deferred([{"x": "{% if 1 %}a{% endif %}"}]) and not deferred([{"{%": 1}])

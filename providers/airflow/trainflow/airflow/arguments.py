@@ -96,11 +96,12 @@ _PLAIN = (str, int, float, bool, type(None), list, tuple, dict)
 
 
 def deferred(value: Any) -> bool:
-    """A value Airflow fills in when the task runs: a Jinja template, an XComArg, or holds one."""
+    """A value Airflow fills in when the task runs: a Jinja template, an XComArg, or holds one. Airflow renders a
+    mapping's values, never its keys: ``{"{{": None}`` is that literal key at run time."""
     if isinstance(value, str):
         return "{{" in value or "{%" in value
     if isinstance(value, dict):
-        return any(deferred(k) or deferred(v) for k, v in value.items())
+        return any(deferred(v) for v in value.values())
     if isinstance(value, list | tuple):
         return any(deferred(v) for v in value)
     return not isinstance(value, _PLAIN) and not callable(value)
