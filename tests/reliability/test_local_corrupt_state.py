@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bounds import HANG
 from trainflow.core import JobState
 from trainflow.core.errors import CorruptState
 from trainflow.core.local import store
@@ -71,14 +72,17 @@ def test_the_cli_reports_a_corrupt_job_clearly(backend: LocalBackend) -> None:
 
 
 def test_a_supervisor_whose_state_is_corrupted_marks_the_job_failed(backend: LocalBackend) -> None:
-    ref = backend.submit({"name": "running", "command": ["sleep", "60"]})
+    ref = backend.submit({"name": "running", "command": ["sleep", "3600"]})
     job = backend.job_dir(ref)
-    end = time.monotonic() + 30
+    end = time.monotonic() + HANG
     while not (job / store.NODES_FILE).exists() and time.monotonic() < end:
         time.sleep(0.05)
     pid = json.loads((job / store.NODES_FILE).read_text())[0]["pid"]
-    (job / store.TRAINJOB_FILE).write_text('{"metadata": {"na')
-    end, result = time.monotonic() + 20, None
+    # under the state lock, as every writer of trainjob.json: without it the supervisor's status update in
+    # flight (read before, replaced after) puts the good object back and nothing is corrupted (CI, 2026-12-07)
+    with store.locked(job / store.STATE_LOCK):
+        (job / store.TRAINJOB_FILE).write_text('{"metadata": {"na')
+    end, result = time.monotonic() + HANG, None
     while time.monotonic() < end and (result is None or not result.state.terminal):
         time.sleep(0.05)
         try:
