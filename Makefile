@@ -118,6 +118,8 @@ e2e: setup
 	  $(RUN) pytest -m e2e tests/e2e $(foreach t,$(E2E_HALF),--ignore=$(t)) $(PYTEST_FLAGS) >$$out/half-2.log 2>&1 & \
 	  two=$$!; wait $$one || rc=1; wait $$two || rc=1; \
 	  for f in $$out/half-1.log $$out/half-2.log; do echo "=== $$f"; cat $$f; done; rm -rf $$out; \
+	  TRAINFLOW_AIRFLOW_DIR=/tmp/trainflow-airflow-pods TRAINFLOW_AIRFLOW_PORT_BASE=29670 \
+	    bash tests/airflow_deploy/run.sh --airflow $(AIRFLOW_NEWEST) --suite pods || rc=1; \
 	  exit $$rc
 
 RELIABILITY_TESTBED := TRAINFLOW_TESTBED_DIR=$${TRAINFLOW_RELIABILITY_TESTBED_DIR:-/tmp/trainflow-reliability-run} \
@@ -168,6 +170,8 @@ pods-images: setup dist image-tools
 
 # The suite in two pytest processes side by side (each test has its own namespace; the two nodes hold both
 # halves' pods): the Airflow and KFP tests, and the rest. Their logs follow each other once both are done.
+# Then the newest Airflow's deployment on the same testbed (run.sh --suite pods: the triggerer restarted under
+# real pods' logs), its own state dir and ports beside e2e-airflow's.
 PODS_HALF := tests/e2e_pods/test_airflow_pods.py tests/e2e_pods/test_kfp_pods.py tests/e2e_pods/test_kfp_step_image.py \
 	tests/e2e_pods/test_logs_and_cancel.py
 e2e-pods: setup
@@ -180,6 +184,8 @@ e2e-pods: setup
 	    $(PYTEST_FLAGS) >$$out/half-2.log 2>&1 & two=$$!; \
 	  wait $$one || rc=1; wait $$two || rc=1; \
 	  for f in $$out/half-1.log $$out/half-2.log; do echo "=== $$f"; cat $$f; done; rm -rf $$out; \
+	  TRAINFLOW_AIRFLOW_DIR=/tmp/trainflow-airflow-pods TRAINFLOW_AIRFLOW_PORT_BASE=29670 \
+	    bash tests/airflow_deploy/run.sh --airflow $(AIRFLOW_NEWEST) --suite pods || rc=1; \
 	  $(RUN) pytest -m e2e tests/e2e_pods/teardown $(PYTEST_FLAGS) || rc=1; \
 	  exit $$rc
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make e2e-airflow: the provider in a real Airflow deployment, then the provider's tests on one Airflow version.
 #
-#   run.sh [--airflow 3.3] [--suite deploy|floor] [pytest args...]
+#   run.sh [--airflow 3.3] [--suite deploy|floor|pods] [pytest args...]
 #
 # deploy (newest Airflow): the kwok testbed with Kueue (started unless one is already up at TRAINFLOW_TESTBED_DIR),
 #   Postgres + scheduler + triggerer + dag-processor + api-server (tests/airflow_deploy/airflow_stack.py), the
@@ -11,6 +11,8 @@
 # floor: the provider's unit tests and a deferred run, a mark-failed, a triggerer kill and a worker kill through a real
 #   deployment on the floor Airflow; the extra links and the TrainJob page in Chromium; the example retraining DAG,
 #   scheduled and deferred; the output's Dataset (2.x) or Asset (3.x) event.
+# pods (newest Airflow): on the pods testbed already up at TRAINFLOW_TESTBED_DIR (make e2e-pods starts it), the
+#   triggerer restarted while deferred tasks follow real pods' logs (test_deploy_pods.py).
 # Everything started here is stopped on exit, whatever happens.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -53,6 +55,9 @@ stack_env=(
 if [ "$SUITE" != floor ]; then
   if [ -f "$TRAINFLOW_TESTBED_DIR/state.json" ] && "$PY" "$REPO/testbed/testbed.py" status --dir "$TRAINFLOW_TESTBED_DIR" >/dev/null 2>&1; then
     say "using the running testbed at $TRAINFLOW_TESTBED_DIR"
+  elif [ "$SUITE" = pods ]; then
+    echo "run.sh --suite pods: no pods testbed at $TRAINFLOW_TESTBED_DIR; start one with testbed/up.sh --pods (make e2e-pods does)" >&2
+    exit 2
   else
     started_testbed=1
     bash "$REPO/testbed/up.sh" --kueue  # test_deploy_kueue.py: deferred tasks through the real Kueue
@@ -94,6 +99,11 @@ case "$SUITE" in
           tests/airflow/test_airflow_trigger.py
           --deselect tests/airflow/test_airflow_trigger.py::test_user_cancel_of_deferred_task_deletes_the_trainjob
           --deselect tests/airflow/test_airflow_trigger.py::test_keep_action_survives_user_cancel)
+    ;;
+  pods)
+    # the pods testbed's real kubelets: the triggerer restarted while 20 deferred tasks follow pod logs
+    tests=("$HERE/test_deploy_pods.py")
+    unit=()
     ;;
   *) echo "unknown suite $SUITE" >&2; exit 2 ;;
 esac

@@ -40,6 +40,9 @@ fi
 # (and by pyproject.toml: the editable install registers its entry points, the plugin's among them, when made)
 key="$({ cat "$HERE/$REQ"; echo "$REPO"; cat "$REPO/pyproject.toml"; } | sha256sum | cut -c1-10)"
 VENV="${TRAINFLOW_AIRFLOW_VENV_ROOT:-$HOME/.cache/trainflow}/venv-airflow-$VERSION-$key"
+mkdir -p "$(dirname "$VENV")"
+exec 9>"$VENV.lock"  # two lanes of make test may ask for the same line at once (e2e-airflow, e2e-pods)
+flock 9
 if [ ! -f "$VENV/.complete" ]; then
   rm -rf "$VENV"
   "$UV" venv -q -p 3.11 "$VENV" >&2

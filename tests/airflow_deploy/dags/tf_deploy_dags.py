@@ -109,6 +109,36 @@ with DAG(
         stream_logs=True,
     )
 
+# The same open-ended log from real pods (tests/airflow_deploy/test_deploy_pods.py, run.sh --suite pods): one
+# pod per run prints numbered lines until the test writes "release" on the shared volume (hostPath, claim
+# "shared" in the run's namespace), so the cluster's log position (timestamps and digests) crosses the restarts.
+OPEN_ENDED = (
+    'i=0; while [ ! -e /shared/release ]; do i=$((i+1)); echo "line $i of an open-ended log"; sleep 0.5; '
+    'done; echo "released after $i lines"'
+)
+
+with DAG(
+    "tf_deploy_logs_pods",
+    params={"namespace": "default"},
+    max_active_runs=32,
+    max_active_tasks=32,
+    **PARAMS,
+):
+    TrainJobOperator(
+        task_id="train",
+        conn_id="tf_testbed",
+        namespace="{{ params.namespace }}",
+        runtime="torch-distributed",
+        image=IMAGE,
+        command=["sh", "-c", OPEN_ENDED],
+        volumes=[{"claim_name": "shared", "mount_path": "/shared"}],
+        num_nodes=1,
+        execution_timeout=timedelta(minutes=30),
+        max_log_lines=100_000,
+        deferrable=True,
+        stream_logs=True,
+    )
+
 with DAG("tf_deploy_worker", params={"steps": 30, "step_seconds": 1.0}, **PARAMS):
     # waits on the worker (not deferred), so killing the worker interrupts the wait itself
     steps_task(deferrable=False, retries=2, retry_delay=timedelta(seconds=2))

@@ -1,0 +1,89 @@
+"""The deployment's triggerer restarted under real pods (run.sh --suite pods, on the pods testbed): the
+cluster's log position (each step's last kubelet timestamp and the digests of the lines at it; the first read
+of a continued log asks for ``sinceSeconds``) carries 20 deferred tasks' logs across a graceful stop and a
+SIGKILL of the triggerer, as the local engine's byte offset does in test_deploy_local.py."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from airflow_deployment import Deployment, Testbed
+from airflow_rest import Airflow, wait_for
+from triggerer_restart import restart_while_streaming
+
+from bounds import HANG
+
+pytestmark = pytest.mark.e2e
+
+LOGS_PODS = "tf_deploy_logs_pods"
+
+
+@pytest.fixture
+def shared(testbed: Testbed, namespace: str) -> Iterator[Path]:
+    """A hostPath PersistentVolume bound to the claim ``shared`` of ``namespace``: the directory returned here
+    is ``/shared`` in the pods."""
+    from kubernetes import client
+
+    if testbed.state.get("mode") != "pods":
+        pytest.fail("run.sh --suite pods needs the pods testbed (testbed/up.sh --pods)", pytrace=False)
+    path = Path(testbed.state["dir"]) / "shared" / namespace
+    path.mkdir(parents=True)
+    pv = f"shared-{namespace}"
+    testbed.core.create_persistent_volume(
+        client.V1PersistentVolume(
+            metadata=client.V1ObjectMeta(name=pv),
+            spec=client.V1PersistentVolumeSpec(
+                capacity={"storage": "1Gi"},
+                access_modes=["ReadWriteMany"],
+                persistent_volume_reclaim_policy="Retain",
+                storage_class_name="",
+                host_path=client.V1HostPathVolumeSource(path=str(path), type="Directory"),
+                claim_ref=client.V1ObjectReference(namespace=namespace, name="shared"),
+            ),
+        )
+    )
+    testbed.core.create_namespaced_persistent_volume_claim(
+        namespace,
+        client.V1PersistentVolumeClaim(
+            metadata=client.V1ObjectMeta(name="shared"),
+            spec=client.V1PersistentVolumeClaimSpec(
+                access_modes=["ReadWriteMany"],
+                storage_class_name="",
+                volume_name=pv,
+                resources=client.V1VolumeResourceRequirements(requests={"storage": "1Gi"}),
+            ),
+        ),
+    )
+    wait_for(
+        lambda: (
+            testbed.core.read_namespaced_persistent_volume_claim("shared", namespace).status.phase == "Bound"
+        ),
+        HANG,
+        "the claim shared to be Bound",
+    )
+    try:
+        yield path
+    finally:
+        (path / "release").touch()  # whatever happened, no pod of the test keeps running
+        testbed.core.delete_persistent_volume(pv)
+
+
+def test_a_restarted_triggerer_continues_each_pod_log_where_it_stopped(
+    deployment: Deployment, api: Airflow, run_id: str, namespace: str, shared: Path
+) -> None:
+    """20 deferred tasks follow their pods' logs (one pod each, 2 numbered lines a second) through the
+    triggerer's SIGTERM and restart, then SIGKILL and restart; Airflow 3.3's triggers save on their way out.
+    Each task log holds every line; up to the position saved before the kill, each once and in order."""
+    runs = [f"{run_id}-pod{i}-{uuid.uuid4().hex[:4]}" for i in range(20)]
+    restart_while_streaming(
+        deployment,
+        api,
+        LOGS_PODS,
+        runs,
+        {"namespace": namespace},
+        (shared / "release").touch,
+        graceful=True,
+    )
