@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
+
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
     "--headless",
@@ -114,7 +116,7 @@ def cli_chart_points(result: dict[str, Any], tmp_path: Path) -> dict[str, int]:
         [str(exe), "chart", "--result", str(saved), "-o", str(svg)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG,
     )
     assert done.returncode == 0, done.stderr
     with chromium() as browser:

@@ -120,7 +120,8 @@ def build_env(
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
-            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "45",
+            # a healthy task's heartbeat lapsed past 45 s at load 33 (a 2.11 retry failed so): 90 s
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "90",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
             # a loaded machine: the task supervisor's calls to the execution API time out after 5 s (httpx's
             # default), and with the default 5 retries a task failed before it ran at load 15-18 (3.0.6);
@@ -139,7 +140,7 @@ def build_env(
             "AIRFLOW__SCHEDULER__STANDALONE_DAG_PROCESSOR": "True",
             "AIRFLOW__SCHEDULER__DAG_DIR_LIST_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "10",
-            "AIRFLOW__SCHEDULER__SCHEDULER_ZOMBIE_TASK_THRESHOLD": "45",
+            "AIRFLOW__SCHEDULER__SCHEDULER_ZOMBIE_TASK_THRESHOLD": "90",
             "AIRFLOW__SCHEDULER__ZOMBIE_DETECTION_INTERVAL": "5",
         }
     env.update(extra)

@@ -19,6 +19,8 @@ import airflow_stack
 import pytest
 from airflow_deployment import Deployment, Testbed, deploy_dir
 
+from bounds import HANG
+
 
 @pytest.fixture(scope="session")
 def deployment() -> Iterator[Deployment]:
@@ -27,7 +29,7 @@ def deployment() -> Iterator[Deployment]:
         pytest.fail(f"no Airflow deployment at {root}: run tests/airflow_deploy/run.sh", pytrace=False)
     dep = Deployment(root)
     try:  # a component's heartbeat may lapse for a moment right after start-up (3.0's DAG processor parsing)
-        airflow_stack.wait_healthy(root, ("scheduler", "triggerer", "dag-processor"), timeout=60)
+        airflow_stack.wait_healthy(root, ("scheduler", "triggerer", "dag-processor"), timeout=HANG)
     except RuntimeError as exc:
         pytest.fail(f"deployment not healthy: {exc}\n{dep.logs_tail()}", pytrace=False)
     yield dep
@@ -95,7 +97,7 @@ def namespace(testbed: Testbed, run_id: str) -> Iterator[str]:
         lambda: any(
             sa.metadata.name == "default" for sa in testbed.core.list_namespaced_service_account(name).items
         ),
-        60,
+        HANG,
         f"default ServiceAccount in {name}",
     )
     yield name

@@ -14,6 +14,7 @@ from airflow_deployment import Deployment, Testbed
 from airflow_rest import Airflow, wait_for
 from test_deploy_kube import trainjobs_of
 
+from bounds import HANG
 from kueue_env import (
     HELD,
     NO_QUOTA,
@@ -133,5 +134,5 @@ def test_the_queue_budget_fails_the_task_and_deletes_its_job(
     assert time.monotonic() - t0 >= 20
     assert "not admitted by LocalQueue team within its queue budget, max_queue_seconds=20" in log, log[-4000:]
     assert "insufficient quota for cpu" in log and "(on_kill_action=delete): True" in log, log[-4000:]
-    wait_for(lambda: not trainjobs_of(testbed, namespace, run_id), 60, "the TrainJob deleted")
-    wait_for(lambda: not workloads(testbed.api_client, namespace), 60, "its Workload deleted")
+    wait_for(lambda: not trainjobs_of(testbed, namespace, run_id), HANG, "the TrainJob deleted")
+    wait_for(lambda: not workloads(testbed.api_client, namespace), HANG, "its Workload deleted")

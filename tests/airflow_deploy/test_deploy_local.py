@@ -17,6 +17,9 @@ import pytest
 from airflow_deployment import DEFER, Deployment, assert_complete_once, jobs_of, wait_running_job
 from airflow_rest import Airflow, wait_for
 from airflow_stack import start_component, stop_component, tagged
+from triggerer_restart import restart_while_streaming
+
+from bounds import HANG
 
 pytestmark = pytest.mark.e2e
 
@@ -90,7 +93,7 @@ def test_defaults_wait_on_the_worker_and_stream_the_log(
         seen.add(state)
         return state == "running" and "[node-0] step 3/12" in api.log("tf_conv_defaults", run_id, "train", 1)
 
-    wait_for(streamed_while_running, 120, "rank 0's lines in the task log while the task runs", interval=1.0)
+    wait_for(streamed_while_running, HANG, "rank 0's lines in the task log while the task runs", interval=1.0)
     run = api.wait_run("tf_conv_defaults", run_id)
     seen.add(api.ti("tf_conv_defaults", run_id, "train")["state"])
     assert run["state"] == "success" and "deferred" not in seen, (run, seen)
@@ -138,12 +141,12 @@ def test_triggerer_killed_mid_wait_loses_nothing(deployment: Deployment, api: Ai
     api.trigger(DEFER, run_id, {"steps": 12, "step_seconds": 1.0})
     assert api.wait_ti_state(DEFER, run_id, "train", {"deferred", "success", "failed"})["state"] == "deferred"
     job = wait_running_job(deployment, DEFER, run_id)
-    wait_for(lambda: "step 2/12" in api.log(DEFER, run_id, "train", 1), 120, "the trigger to stream the log")
+    wait_for(lambda: "step 2/12" in api.log(DEFER, run_id, "train", 1), HANG, "the trigger to stream the log")
     old = deployment.state["pids"]["triggerer"]
     stop_component(deployment.root, "triggerer", sig=signal.SIGKILL, timeout=0)
     assert not deployment.pids("triggerer")
     done = wait_for(
-        lambda: (r := deployment.local_backend().get(job.ref)).state.terminal and r, 180, "the job to end"
+        lambda: (r := deployment.local_backend().get(job.ref)).state.terminal and r, HANG, "the job to end"
     )
     assert done.state.value == "Complete"
     assert api.ti(DEFER, run_id, "train")["state"] == "deferred"  # nobody reported it yet
@@ -155,22 +158,6 @@ def test_triggerer_killed_mid_wait_loses_nothing(deployment: Deployment, api: Ai
 LOGS = "tf_deploy_logs"  # 20 deferred runs at once, their numbered lines streamed
 
 
-def _rss_kib(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/status") as fh:
-                total += next((int(line.split()[1]) for line in fh if line.startswith("VmRSS:")), 0)
-        except OSError:
-            continue
-    return total
-
-
-def _lines(log: str) -> list[int]:
-    """The trainer's numbered lines in a task log, in order (``line i of an open-ended log``)."""
-    return [int(m) for m in re.findall(r"line (\d+) of an open-ended log", log)]
-
-
 def test_a_restarted_triggerer_continues_each_log_where_it_stopped(
     deployment: Deployment, api: Airflow, run_id: str, tmp_path: Path
 ) -> None:
@@ -180,60 +167,19 @@ def test_a_restarted_triggerer_continues_each_log_where_it_stopped(
     the last saved position; where the stopped trigger may save on its way out (2.11, 3.3), every line up to
     the position saved before the kill is there exactly once, in order. Each new trigger says where it
     continued. The restarted triggerer's memory stays within 1.1x of the first one's."""
-    runs, release = [f"{run_id}-log{i}" for i in range(20)], tmp_path / "release"
+    release = tmp_path / "release"
     # the stopped trigger saves on its way out where the triggerer lets it finish on SIGTERM; 3.0.6's trigger
     # runner takes the SIGTERM sent to the triggerer's process group (as systemd sends it) and exits at once
     version = tuple(int(p) for p in importlib.metadata.version("apache-airflow").split(".")[:2])
-    graceful = not (3, 0) <= version < (3, 3)
-    for rid in runs:
-        api.trigger(LOGS, rid, {"release": str(release), "step_seconds": 0.5})
-    for rid in runs:
-        assert api.wait_ti_state(LOGS, rid, "train", {"deferred", "success", "failed"})["state"] == "deferred"
-
-    def saved() -> dict[str, int]:
-        """The lines each task's saved position counts (the XCom the triggers write)."""
-        values = {rid: api.xcom(LOGS, rid, "train", key="trainflow_log_position") for rid in runs}
-        return {rid: v["steps"].get("node-0", {}).get("lines", 0) for rid, v in values.items()}
-
-    def moved_past(lines: dict[str, int]) -> dict[str, int] | None:
-        now = saved()
-        return now if all(now[r] >= lines[r] + 5 for r in runs) else None
-
-    try:
-        first = wait_for(lambda: moved_past(dict.fromkeys(runs, 0)), 300, "every trigger to save a position")
-        rss_first = _rss_kib(deployment.pids("triggerer"))
-        stop_component(deployment.root, "triggerer", sig=signal.SIGTERM, timeout=60)
-        at_stop = saved()  # what the stopped triggerer saved last (on its way out)
-        assert all(at_stop[r] >= first[r] for r in runs), (first, at_stop)
-        start_component(deployment.root, "triggerer")
-        # the restarted triggerer streams and saves further: its own saves, past the position it started from
-        wait_for(lambda: moved_past(at_stop), 300, "the restarted triggerer to save positions")
-        rss_second = _rss_kib(deployment.pids("triggerer"))
-        at_kill = saved()
-        stop_component(deployment.root, "triggerer", sig=signal.SIGKILL, timeout=0)
-        start_component(
-            deployment.root, "triggerer"
-        )  # takes the triggers once the killed one's heartbeat ages
-        wait_for(lambda: moved_past(at_kill), 600, "the triggerer started after the kill to save positions")
-    finally:
-        release.touch()  # the trainers end (their last line says how many they wrote)
-    repeated = {}
-    for rid in runs:
-        assert api.wait_run(LOGS, rid, timeout=600)["state"] == "success", api.why(LOGS, rid)
-        log = api.log(LOGS, rid, "train", 1)
-        total = int(re.findall(r"released after (\d+) lines", log)[-1])
-        lines = _lines(log)
-        assert sorted(set(lines)) == list(range(1, total + 1)), (rid, lines)  # no line lost
-        once_up_to = at_kill[rid] if graceful else at_stop[rid]
-        committed = [n for n in lines if n <= once_up_to]
-        assert committed == list(range(1, once_up_to + 1)), (rid, committed)  # each once, in order
-        twice = sorted({n for n in lines if lines.count(n) > 1})
-        assert all(n > at_stop[rid] for n in twice), (rid, at_stop[rid], twice)  # only what no save covered
-        continued = [int(n) for n in re.findall(r"Logs continue after the node-0: (\d+) lines", log)]
-        assert len(continued) == 2 and continued[-1] >= at_kill[rid], (rid, continued, at_kill[rid])
-        repeated[rid] = len(lines) - total
-    print(f"triggerer RSS {rss_first} KiB, after a restart {rss_second} KiB; lines repeated: {repeated}")
-    assert rss_second <= 1.1 * rss_first, (rss_first, rss_second)
+    restart_while_streaming(
+        deployment,
+        api,
+        LOGS,
+        [f"{run_id}-log{i}" for i in range(20)],
+        {"release": str(release), "step_seconds": 0.5},
+        release.touch,
+        graceful=not (3, 0) <= version < (3, 3),
+    )
 
 
 def _worker_processes(dep: Deployment, ti: dict[str, Any]) -> list[int]:
@@ -269,12 +215,13 @@ def test_worker_killed_then_retry_reattaches(deployment: Deployment, api: Airflo
     """SIGKILL the worker (supervisor and task process) while it waits; the scheduler's heartbeat check fails
     the try, and the retry reattaches to the still-running TrainJob instead of submitting another (or, when the
     heartbeat check took longer than the job, returns that job's result: never a second TrainJob)."""
-    api.trigger(WORKER, run_id, {"steps": 90, "step_seconds": 1.0})  # detection takes 45-60 s under load
+    # detection takes the 90 s heartbeat timeout and more under load; a job that ended first is reused
+    api.trigger(WORKER, run_id, {"steps": 150, "step_seconds": 1.0})
     ti = api.wait_ti_state(WORKER, run_id, "train", {"running", "success", "failed"})
     assert ti["state"] == "running", ti
     job = wait_running_job(deployment, WORKER, run_id)
     procs = wait_for(
-        lambda: len(p := _worker_processes(deployment, ti)) == 2 and p, 60, "the worker processes"
+        lambda: len(p := _worker_processes(deployment, ti)) == 2 and p, HANG, "the worker processes"
     )
     for pid in procs:
         os.kill(pid, signal.SIGKILL)
@@ -315,12 +262,12 @@ def test_marking_a_deferred_task_failed_deletes_its_trainjob(
     """A user marks the deferred task failed in the UI/REST: the triggerer cancels the trigger and the
     TrainJob is deleted (on_kill_action="delete"), as a killed running task deletes its job."""
     # a job far longer than the wait below: it must be deleted, never merely finished by then
-    api.trigger(DEFER, run_id, {"steps": 600, "step_seconds": 1.0})
+    api.trigger(DEFER, run_id, {"steps": int(2 * HANG), "step_seconds": 1.0})
     assert api.wait_ti_state(DEFER, run_id, "train", {"deferred", "success", "failed"})["state"] == "deferred"
     job = wait_running_job(deployment, DEFER, run_id)
     # the user acts once the trigger runs (before that, no trigger code runs that could delete the job)
     running = f"TrainJob {job.namespace}/{job.name}: Running"
-    wait_for(lambda: running in api.log(DEFER, run_id, "train", 1), 120, "the trigger to start")
+    wait_for(lambda: running in api.log(DEFER, run_id, "train", 1), HANG, "the trigger to start")
     api.set_ti_state(DEFER, run_id, "train", "failed")
     from trainflow.core.errors import TrainJobNotFound
 
@@ -331,7 +278,7 @@ def test_marking_a_deferred_task_failed_deletes_its_trainjob(
             return True
         return False
 
-    wait_for(deleted, 120, f"TrainJob {job.name} to be deleted after the task was marked failed")
+    wait_for(deleted, HANG, f"TrainJob {job.name} to be deleted after the task was marked failed")
     assert api.ti(DEFER, run_id, "train")["state"] == "failed"
 
 

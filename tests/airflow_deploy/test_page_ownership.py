@@ -19,6 +19,8 @@ import pytest
 from airflow_deployment import Deployment
 from airflow_rest import Airflow, wait_for
 
+from bounds import HANG
+
 pytestmark = pytest.mark.e2e
 
 FORGE = """
@@ -97,7 +99,7 @@ def test_the_page_shows_only_the_tasks_own_job(
     forge(deployment, "tf_deploy_page_a", run_id, "train", own)
     page = wait_for(
         lambda: (p := httpx.get(url, timeout=60)).status_code == 200 and "own-line-of-team-a" in p.text and p,
-        120,
+        HANG,
         "team A's own job on its page",
     )
     nodes = re.findall(r"<tr><td>(node-\d+)</td>", page.text)

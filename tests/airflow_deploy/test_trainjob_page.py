@@ -19,6 +19,7 @@ import pytest
 from airflow_deployment import Deployment, jobs_of
 from airflow_rest import Airflow, wait_for
 
+from bounds import HANG
 from browser import chart_points, record_requests, screenshot
 
 pytestmark = pytest.mark.e2e
@@ -56,7 +57,7 @@ def test_the_page_follows_the_job_and_the_callbacks_fire_where_they_should(
     assert api.links(PAGE_DAG, run_id, "train")["TrainJob page"] == href
 
     # live: the job runs; the page reads it through the task's connection (the local engine keeps every report)
-    wait_for(lambda: len(reports(deployment, job)) >= 4, 120, "a few reports")
+    wait_for(lambda: len(reports(deployment, job)) >= 4, HANG, "a few reports")
     before = len(reports(deployment, job))
     page.goto("about:blank")  # the Airflow UI's late requests (its editor's workers and fonts) end with it
     fetched = record_requests(page)

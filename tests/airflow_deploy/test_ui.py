@@ -15,6 +15,8 @@ import pytest
 from airflow_deployment import Deployment
 from airflow_rest import Airflow, wait_for
 
+from bounds import HANG
+
 pytestmark = pytest.mark.e2e
 
 DASHBOARD = "https://kubeflow.example.com/trainer/{namespace}/trainjobs/{name}"
@@ -78,7 +80,7 @@ def test_connection_form_shows_the_trainflow_fields(deployment: Deployment, api:
     dialog = page.get_by_role("dialog")
     for field, label in CONN_FIELDS.items():
         row = dialog.get_by_role("group").filter(has=page.locator("label", has_text=label))
-        wait_for(lambda row=row: row.count() == 1 and row.is_visible(), 30, f"the {label!r} field")
+        wait_for(lambda row=row: row.count() == 1 and row.is_visible(), HANG, f"the {label!r} field")
         assert row.locator(f"input[name=element_{field}]").count() == 1, (field, row.inner_html()[:500])
     # the inline kubeconfig is a secret: a password input, never echoed
     assert dialog.locator("input[name=element_kubeconfig]").get_attribute("type") == "password"

@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TESTBED_PY = REPO_ROOT / "testbed" / "testbed.py"
 
@@ -151,7 +153,7 @@ def create_namespace(testbed: Testbed, prefix: str = "e2e") -> str:
                 return False
             raise
 
-    wait_until(sa_ready, 60, f"default ServiceAccount in {name}")
+    wait_until(sa_ready, HANG, f"default ServiceAccount in {name}")
     return name
 
 

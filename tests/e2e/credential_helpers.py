@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from bounds import HANG
+
 EXEC_V1 = "client.authentication.k8s.io/v1"
 EXEC_V1BETA1 = "client.authentication.k8s.io/v1beta1"
 
@@ -149,7 +151,7 @@ def mint_client_cert(
          "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-CAserial", str(out / "ca.srl"),
          "-out", str(crt), "-extfile", str(ext)],
     ):  # fmt: skip
-        proc = subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=HANG)
         assert proc.returncode == 0, proc.stderr
     return crt, key
 

@@ -21,6 +21,8 @@ import pytest
 import yaml
 from credential_helpers import mint_client_cert, parked_trainjob
 
+from bounds import HANG
+
 DRIVER = Path(__file__).with_name("parity_driver.py")
 PLAN = ["submit", "wait", "wait_async", "logs"]
 KUBECTL_OF = {"submit": "create", "wait": "get", "wait_async": "get", "logs": "logs"}
@@ -133,7 +135,7 @@ def kubectl_ops(
     for op, args in ops.items():
         # no --request-timeout: any flag that changes kubectl's default config turns its in-cluster fallback off
         cmd = [*(wrap or []), world.kubectl, *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=90)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=HANG)
         if proc.returncode == 0:
             value: Any = proc.stdout.splitlines() if op == "logs" else proc.stdout.strip()
             out[op] = {"kind": "ok", "value": value}
@@ -179,7 +181,7 @@ class DriverRun:
 
     def finish(self, timeout: float = 240) -> dict[str, dict[str, Any]]:
         self.until("DONE", timeout)
-        self.proc.wait(30)
+        self.proc.wait(HANG)
         return {s["op"]: s for s in self.steps}
 
 

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from bounds import HANG
+
 GROUP, VERSION, PLURAL = "flowcontrol.apiserver.k8s.io", "v1", "flowschemas"
 _DISPATCHED = re.compile(r"^apiserver_flowcontrol_dispatched_requests_total\{([^}]*)\} ([0-9.e+]+)$")
 
@@ -71,14 +73,14 @@ def counted(
         }
         api.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + HANG
         # in effect once APF's config controller has written each schema's Dangling condition
         while not all(
             any(c["type"] == "Dangling" for c in (api.get_cluster_custom_object(GROUP, VERSION, PLURAL, n)
                                                   .get("status") or {}).get("conditions", []))
             for n in names.values()
         ):  # fmt: skip
-            assert time.monotonic() < deadline, "APF did not take up the FlowSchemas within 30 s"
+            assert time.monotonic() < deadline, f"APF did not take up the FlowSchemas within {HANG:.0f} s"
             time.sleep(0.2)
         before = _dispatched(testbed)
         yield lambda: {key: _dispatched(testbed).get(n, 0) - before.get(n, 0) for key, n in names.items()}

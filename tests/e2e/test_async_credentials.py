@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
+from bounds import HANG
+
 pytestmark = pytest.mark.e2e
 
 GROUP, VERSION, PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
@@ -30,7 +32,7 @@ WAITER = textwrap.dedent(
     async def main():
         backend = KubernetesBackend(kubeconfig=sys.argv[1])
         print("WAITING", flush=True)
-        result = await backend.wait_async(sys.argv[2], timeout=120)
+        result = await backend.wait_async(sys.argv[2], timeout=float(sys.argv[3]))
         heavy = sorted({m.split(".")[0] for m in sys.modules} & {"kubernetes", "kubernetes_asyncio"})
         print(json.dumps({"state": result.state.value, "metrics": result.metrics, "heavy": heavy}))
 
@@ -159,7 +161,7 @@ def test_the_async_waiter_authenticates_with_its_own_transport(kind, testbed, k8
     }
     k8s.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, job)
     proc = subprocess.Popen(
-        [sys.executable, "-c", WAITER, str(config), name],
+        [sys.executable, "-c", WAITER, str(config), name, str(HANG)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -168,7 +170,7 @@ def test_the_async_waiter_authenticates_with_its_own_transport(kind, testbed, k8
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "WAITING", proc.stderr.read() if proc.stderr else ""
         complete_when_watched(k8s, namespace, name)
-        out, err = proc.communicate(timeout=150)
+        out, err = proc.communicate(timeout=HANG + 60)  # above the waiter's own bound (HANG)
     finally:
         proc.kill()
     assert proc.returncode == 0, err[-3000:]

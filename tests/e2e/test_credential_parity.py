@@ -59,6 +59,7 @@ from parity_runs import (
     plan,
 )
 
+from bounds import HANG
 from conftest import TRAINER_GROUP, TRAINER_VERSION, create_namespace, delete_namespace, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -103,7 +104,7 @@ def world(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wo
         )
         return any(c["type"] == "Complete" for c in (obj.get("status") or {}).get("conditions") or [])
 
-    wait_until(complete, 120, "the reference TrainJob to complete")
+    wait_until(complete, HANG, "the reference TrainJob to complete")
     selector = "jobset.sigs.k8s.io/jobset-name=parity-ref,batch.kubernetes.io/job-completion-index=0"
     (pod,) = K.core.list_namespaced_pod(ns, label_selector=selector).items
     w = World(testbed, K, ns, kubectl, "parity-ref", pod.metadata.name, root, ((root / "x"), (root / "x")))
@@ -263,10 +264,10 @@ def wait_denied(world: World, kubeconfig_user: dict[str, Any], d: Path) -> None:
 
     def denied() -> bool:
         proc = subprocess.run([world.kubectl, "get", "trainjobs", "-o", "name"], capture_output=True, text=True,
-                              env=env, timeout=60)  # fmt: skip
+                              env=env, timeout=HANG)  # fmt: skip
         return proc.returncode != 0 and kubectl_kind(proc.stderr) in ("forbidden", "unauthorized")
 
-    wait_until(denied, 30, "the old credential to be refused", interval=0.3)
+    wait_until(denied, HANG, "the old credential to be refused", interval=0.3)
 
 
 def rotation(
@@ -382,7 +383,7 @@ def test_in_cluster_agrees_with_kubectl(world: World) -> None:
     )
     wrap = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "in-cluster"]
     probe = subprocess.run([*wrap, "cat", "/var/run/secrets/kubernetes.io/serviceaccount/namespace"],
-                           capture_output=True, text=True, timeout=30)  # fmt: skip
+                           capture_output=True, text=True, timeout=HANG)  # fmt: skip
     assert probe.stdout == world.namespace, f"cannot make a private mount namespace here: {probe.stderr}"
     env = base_env(d, {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(world.port)})
     kubectl = kubectl_ops(world, env, wrap)

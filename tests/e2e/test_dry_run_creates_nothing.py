@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
+
 pytestmark = pytest.mark.e2e
 
 EXE = Path(sys.executable).parent / "trainflow"
@@ -16,7 +18,7 @@ IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
 
 
 def trainflow(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(EXE), *args], capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run([str(EXE), *args], capture_output=True, text=True, timeout=HANG, env=env)
 
 
 def test_kubernetes_dry_run_validates_on_the_server_and_creates_nothing(

@@ -20,6 +20,7 @@ from kfp import local
 from kubernetes import client
 from sa_requests import counted
 
+from bounds import HANG
 from conftest import apply_rbac, delete_cluster_role_bindings, sa_kubeconfig, wait_until
 from trainflow.core.naming import KEY_LABEL, MANAGED_BY_LABEL
 from trainflow.kfp import make_train_job_component
@@ -67,7 +68,7 @@ def step_kwargs(kubeconfig: Path, **kw: Any) -> dict[str, Any]:
         backend="kubernetes",
         backend_config={"kubeconfig": str(kubeconfig)},
         idempotency_key="run-e2e/train-job",  # the second call below is a retry of this step
-        timeout=120.0,
+        timeout=HANG,
     )
     base.update(kw)
     return base
@@ -170,12 +171,12 @@ def test_sigterm_deletes_the_trainjob(
             pods = k8s.core.list_namespaced_pod(namespace).items
             return bool(jobs) and len([p for p in pods if p.status.phase == "Running"]) == 2
 
-        wait_until(running, 120, "the TrainJob's 2 pods Running")
+        wait_until(running, HANG, "the TrainJob's 2 pods Running")
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
+        proc.wait(timeout=HANG)
         text = log.read_text()
         assert "received signal 15" in text and "deleted" in text and "FAILURE" in text, text
-        wait_until(lambda: not trainjobs(k8s, namespace), 120, "the TrainJob to be deleted")
+        wait_until(lambda: not trainjobs(k8s, namespace), HANG, "the TrainJob to be deleted")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

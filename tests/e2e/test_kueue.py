@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
 from conftest import wait_until
 from kueue_env import (
     HELD,
@@ -440,10 +441,12 @@ def test_cancel_while_queued_deletes_the_trainjob_and_its_workload(
 ) -> None:
     be = KubernetesBackend(kubeconfig=str(testbed.kubeconfig), namespace=namespace)
     ref = launch(be, request("waits", 8, 5, queue=queue)).ref
-    wait_until(lambda: workloads(testbed.api_client, namespace), 60, "its Workload")
+    wait_until(lambda: workloads(testbed.api_client, namespace), HANG, "its Workload")
     assert be.get(ref).state is JobState.QUEUED
     assert be.cancel(ref)
-    wait_until(lambda: not workloads(testbed.api_client, namespace), 60, "the Workload deleted with the job")
+    wait_until(
+        lambda: not workloads(testbed.api_client, namespace), HANG, "the Workload deleted with the job"
+    )
     assert be.list() == []
 
 
@@ -472,7 +475,7 @@ def test_status_and_dry_run_check_the_queue_and_priority_class(
 ) -> None:
     bad = ["--queue", "nope", "--priority-class", "nope-either", "--image", IMAGE, "--dry-run", "--", "train"]
     proc = cli(testbed, namespace, "submit", "--name", "x", *bad)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=HANG)
     assert proc.returncode == 2, err
     assert "queue: LocalQueue 'nope' not found" in err and f"use one of: {queue}" in err, err
     assert "priority_class: WorkloadPriorityClass 'nope-either' not found" in err, err
@@ -481,7 +484,7 @@ def test_status_and_dry_run_check_the_queue_and_priority_class(
     waiting = launch(be, request("next", 1, 5, queue=queue)).ref
     wait_until(lambda: NO_QUOTA in (be.get(waiting).message or ""), 60, "Kueue's reason in the status")
     proc = cli(testbed, namespace, "status", waiting.name)
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=HANG)
     assert proc.returncode == 0, err
     assert "State:     Queued (Pending)" in out and NO_QUOTA in out and "Queue:     team" in out, out
     assert any(line.startswith("Queued:") and line.endswith("s") for line in out.splitlines()), out

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
 from conftest import TRAINER_GROUP, TRAINER_VERSION
 from trainflow.core.runtimes import ANCESTOR_LABEL, Runtime, node_count
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.e2e
 
 
 def trainer_parallelism(k8s: Any, namespace: str, name: str) -> int:
-    deadline = time.time() + 60
+    deadline = time.time() + HANG
     while True:
         try:
             jobset = k8s.custom.get_namespaced_custom_object(
@@ -25,7 +26,7 @@ def trainer_parallelism(k8s: Any, namespace: str, name: str) -> int:
             )
             break
         except Exception:
-            assert time.time() < deadline, f"no JobSet {namespace}/{name} after 60 s"
+            assert time.time() < deadline, f"no JobSet {namespace}/{name} after {HANG:.0f} s"
             time.sleep(0.5)
     for job in jobset["spec"]["replicatedJobs"]:
         if ((job["template"].get("metadata") or {}).get("labels") or {}).get(ANCESTOR_LABEL) == "trainer":

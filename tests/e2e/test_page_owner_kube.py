@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from bounds import HANG
 from conftest import wait_until
 from trainflow.airflow.identity import airflow_labels
 from trainflow.airflow.job_view import live
@@ -48,7 +49,7 @@ def test_a_cluster_job_is_shown_only_for_its_task_instance(testbed, namespace) -
         mine = owned(backend, team_b, ref.name, namespace)
         assert mine == JobRef(name=ref.name, namespace=namespace, uid=ref.uid) and ref.uid
 
-        nodes = wait_until(lambda: live(backend, mine)[1] or None, 120, "the job's pods on its page")
+        nodes = wait_until(lambda: live(backend, mine)[1] or None, HANG, "the job's pods on its page")
         result = live(backend, mine)[0]
         assert result.uid == ref.uid and result.name == ref.name
         assert nodes and all(str(n["name"]).startswith(ref.name) for n in nodes), nodes

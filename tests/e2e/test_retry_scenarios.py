@@ -148,7 +148,7 @@ class World:
         selector = f"jobset.sigs.k8s.io/jobset-name={name}"
         pods = wait_until(
             lambda: core.list_namespaced_pod(self.namespace, label_selector=selector).items,
-            120,
+            HANG,
             f"pods of {name}",
         )
         pod = pods[0].metadata.name
@@ -286,17 +286,17 @@ def run_scenario(adapter: Adapter, world: World) -> list[Step]:
     first = steps[0].name
     assert world.backend().get(first).state.value in ("Created", "Running")
     steps.append(step(adapter, lambda s: world.finish(s.name, ok=True), ends=True))  # 2: reattach, complete
-    wait_until(lambda: world.backend().get(first).state.value == "Complete", 120, f"{first} Complete")
+    wait_until(lambda: world.backend().get(first).state.value == "Complete", HANG, f"{first} Complete")
     steps.append(step(adapter, ends=True))  # 3: reuse
     assert world.backend().cancel(first)  # 4: deleted -> attempt 1 again, which fails
     wait_until(
         lambda: world.backend().list() == [] or first not in [r.name for r in world.backend().list()],
-        120,
+        HANG,
         f"{first} deleted",
     )
     world.reset_control()
     steps.append(step(adapter, lambda s: world.finish(s.name, ok=False), ends=True))
-    wait_until(lambda: world.backend().get(first).state.value == "Failed", 120, f"{first} Failed")
+    wait_until(lambda: world.backend().get(first).state.value == "Failed", HANG, f"{first} Failed")
     world.reset_control()
     steps.append(step(adapter, lambda s: world.finish(s.name, ok=True), ends=True))  # 5: attempt 2
     return steps

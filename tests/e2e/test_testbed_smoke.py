@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from bounds import HANG
 from conftest import (
     JOBSET_GROUP,
     JOBSET_VERSION,
@@ -552,7 +553,7 @@ def test_rbac_is_enforced(k8s, namespace, sa_api_client):
                 TRAINER_GROUP, TRAINER_VERSION, ns, "trainjobs", trainjob("rbac-allowed")
             )
         ),
-        30,
+        HANG,
         "RBAC grant to take effect",
     )
     assert created["metadata"]["name"] == "rbac-allowed"

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
+
 _spec = importlib.util.spec_from_file_location(
     "trainflow_e2e_conftest", Path(__file__).resolve().parents[1] / "e2e" / "conftest.py"
 )
@@ -90,7 +92,7 @@ def cri_containers(testbed: Any, ns: str) -> list[str]:
             ],
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=HANG,
         )
         assert r.returncode == 0, r.stderr
         ids += r.stdout.split()
@@ -132,7 +134,7 @@ def pod_nodes(k8s: Any, ns: str, selector: str = "") -> dict[str, str]:
     }
 
 
-def assert_all_gone(testbed: Any, k8s: Any, ns: str, timeout: float = 120) -> float:
+def assert_all_gone(testbed: Any, k8s: Any, ns: str, timeout: float = HANG) -> float:
     """TrainJob, JobSet, pods and their containers all gone; returns the seconds it took."""
     t0 = time.monotonic()
 
@@ -220,7 +222,7 @@ def shared_volume(testbed: Any, k8s: Any, namespace: str) -> Iterator[SharedVolu
     )
     wait_until(
         lambda: k8s.core.read_namespaced_persistent_volume_claim("shared", namespace).status.phase == "Bound",
-        60,
+        HANG,
         "PVC shared Bound",
     )
     yield SharedVolume("shared", path)
@@ -305,14 +307,14 @@ def sigterm_when_running(testbed: Any, k8s: Any, ns: str, proc: Any, group: bool
     import signal
 
     try:
-        poll(lambda: len(cri_containers(testbed, ns)) >= 4, 180, "2 pods' sandboxes and containers")
+        poll(lambda: len(cri_containers(testbed, ns)) >= 4, HANG, "2 pods' sandboxes and containers")
         assert trainjobs(k8s, ns), "no TrainJob"
         t0 = time.monotonic()
         if group:
             os.killpg(proc.pid, signal.SIGTERM)
         else:
             os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=120)
+        proc.wait(timeout=HANG)
         gone = assert_all_gone(testbed, k8s, ns)
         return time.monotonic() - t0, gone
     finally:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
 from browser import chart_points, chromium
 from conftest import TRAINER_GROUP, TRAINER_VERSION, cli, pod_logs
 from hf_tiny import run_tiny
@@ -88,7 +89,7 @@ def test_reports_on_real_pods_become_a_history_page_and_chart(
             result = waiting.result()
         # until the CLI ends (its own --timeout bounds it)
         out = waiter.stdout.read() if waiter.stdout else ""
-        waiter.wait(timeout=60)
+        waiter.wait(timeout=HANG)
         reader.join(10)
         err = "".join(errors)
     finally:

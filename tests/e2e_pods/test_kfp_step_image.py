@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from bounds import HANG
 from conftest import REPO, apply_rbac, delete_cluster_role_bindings, trainjobs, wait_until
 from kfp_driver_input import step_container
 
@@ -96,14 +97,14 @@ def test_compiled_component_in_the_step_image_reattaches_after_a_lost_pod(
 ) -> None:
     t0 = time.monotonic()
     k8s.core.create_namespaced_pod(namespace, step_pod("step-try-1"))
-    (job,) = wait_until(lambda: trainjobs(k8s, namespace), 120, "the step's TrainJob")
+    (job,) = wait_until(lambda: trainjobs(k8s, namespace), HANG, "the step's TrainJob")
     name = job["metadata"]["name"]
     wait_until(
         lambda: any(
             p.status.phase == "Running" and p.metadata.name.startswith(name)
             for p in k8s.core.list_namespaced_pod(namespace).items
         ),
-        180,
+        HANG,
         "the trainer pod Running",
     )
     first = k8s.core.read_namespaced_pod_log("step-try-1", namespace)

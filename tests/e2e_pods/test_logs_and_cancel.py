@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
 from conftest import SLEEPER, TORCH_IMAGE, assert_all_gone, cli, cri_containers, poll, record
 from trainflow.core import TrainJobRequest
 
@@ -71,7 +72,7 @@ def test_logs_follow_rank0_live_and_across_a_container_restart(
     first = next(s for s, t in lines if t == runs[0])
     last = next(s for s, t in lines if t == "run=2 done")
     assert last - first >= 10, lines  # live: lines arrived as they were written, across the restart
-    assert backend.wait(ref, timeout=120).succeeded
+    assert backend.wait(ref, timeout=HANG).succeeded
     record("logs_follow_restart", {"first_line_s": round(first, 1), "last_line_s": round(last, 1)})
 
 
@@ -80,8 +81,8 @@ def test_cli_cancel_leaves_no_trainjob_jobset_pod_or_container(
 ) -> None:
     request = TrainJobRequest(runtime="torch-distributed", image=TORCH_IMAGE, command=SLEEPER, num_nodes=2)
     ref = backend.submit(request)
-    poll(lambda: backend.get(ref).state.value == "Running", 120, "the TrainJob Running")
-    poll(lambda: len(cri_containers(testbed, namespace)) >= 4, 120, "2 sandboxes + 2 trainer containers")
+    poll(lambda: backend.get(ref).state.value == "Running", HANG, "the TrainJob Running")
+    poll(lambda: len(cri_containers(testbed, namespace)) >= 4, HANG, "2 sandboxes + 2 trainer containers")
     t0 = time.monotonic()
     # one DELETE, but a CLI start under make test's load (CI saw load 33 on 2 cores) took over 60 s once
     r = subprocess.run(

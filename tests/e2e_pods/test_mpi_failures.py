@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
 from conftest import (
     TRAINER_GROUP,
     TRAINER_VERSION,
@@ -205,5 +206,7 @@ def test_cancel_of_an_mpi_job_leaves_no_launcher_node_pod_container_or_secret(
         names += [c.metadata.name for c in k8s.core.list_namespaced_config_map(namespace).items]
         return [n for n in names if n.startswith(ref.name)]
 
-    poll(lambda: owned_left() == [], 60, "the TrainJob's SSH Secret and hostfile ConfigMap garbage-collected")
+    poll(
+        lambda: owned_left() == [], HANG, "the TrainJob's SSH Secret and hostfile ConfigMap garbage-collected"
+    )
     record("mpi_cancel", {"seconds": round(time.monotonic() - t0, 1), "all_gone_seconds": round(gone, 1)})

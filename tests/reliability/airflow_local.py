@@ -107,7 +107,7 @@ def run_summary(trainflow_home: Path, dag_id: str, log: Path) -> dict[str, Any]:
             env=env(airflow_home(), trainflow_home),
             stdout=fh,
             stderr=subprocess.STDOUT,
-            timeout=120,
+            timeout=HANG,
         )
     assert rc == 0, log.read_text()[-4000:]
     return summary(log.read_text())

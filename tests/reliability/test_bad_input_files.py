@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from bounds import HANG
+
 EXE = Path(sys.executable).parent / "trainflow"
 
 _BOMB = "\n".join(
@@ -57,7 +59,7 @@ def test_hostile_request_file_is_a_clear_error(tmp_path: Path, content: bytes, e
         [str(EXE), "--backend", "local", "--home", str(tmp_path / "home"), "submit", "-f", str(path)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG,
         cwd=tmp_path,
     )
     out = proc.stdout + proc.stderr
@@ -75,6 +77,6 @@ def test_directory_as_request_file(tmp_path: Path) -> None:
         [str(EXE), "--backend", "local", "--home", str(tmp_path), "render", "-f", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG,
     )
     assert proc.returncode == 2 and "cannot read request file" in proc.stderr

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
 from trainflow.core import InvalidRequest, TrainflowError
 from trainflow.core.local.engine import LocalBackend
 
@@ -145,7 +146,7 @@ def test_cli_errors_are_bounded_for_option_values(tmp_path: Path) -> None:
             [str(EXE), "--home", str(tmp_path), "render", *args, "--", "python3"],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=HANG,
         )
         assert proc.returncode == 2, proc.stderr[:500]
         assert len(proc.stderr) <= MAX_ERROR, f"{args[0]}: {len(proc.stderr)} bytes"

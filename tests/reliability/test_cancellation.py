@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from airflow_local import dag_args, job_dirs, job_processes, kill_group, start, wait_for
 
+from bounds import HANG
 from conftest import TRAINER_GROUP, TRAINER_VERSION, held_request, trainjobs
 from trainflow.core import get_backend
 
@@ -38,23 +39,25 @@ def test_sigterm_to_a_sync_task_applies_on_kill_action(action: str, tmp_path: Pa
     dag_id = f"tf_rel_sync_{action}"
     marker = tmp_path / "phase.marker"
     log = tmp_path / "task.log"
-    proc = start(home, "waiting", marker, dag_args(dag_id, "2026-03-02T01:00:00", {"seconds": 300}), log)
+    proc = start(home, "waiting", marker, dag_args(dag_id, "2026-03-02T01:00:00", {"seconds": 3 * HANG}), log)
     try:
-        wait_for(marker.exists, 180, "the task to wait synchronously")
+        wait_for(marker.exists, HANG, "the task to wait synchronously")
         job = wait_for(
-            lambda: next((j for j in backend.list() if j.state.value == "Running"), None), 60, "a Running job"
+            lambda: next((j for j in backend.list() if j.state.value == "Running"), None),
+            HANG,
+            "a Running job",
         )
-        before = wait_for(lambda: job_processes(home), 30, "the job's processes")
+        before = wait_for(lambda: job_processes(home), HANG, "the job's processes")
         t0 = time.monotonic()
         os.kill(proc.pid, signal.SIGTERM)  # the task runs in the dag.test process: a worker's SIGTERM
         if action == "delete":  # on_kill deletes the job, so the sync wait ends and the task exits
             try:
-                rc = proc.wait(timeout=60)
+                rc = proc.wait(timeout=HANG)
             except subprocess.TimeoutExpired:
                 os.kill(proc.pid, signal.SIGUSR1)  # the runner's faulthandler dumps every thread's stack
                 time.sleep(2.0)
                 pytest.fail(
-                    f"the task did not exit 60 s after SIGTERM; its log ends:\n{log.read_text()[-12000:]}"
+                    f"the task did not exit {HANG:.0f} s after SIGTERM; its log ends:\n{log.read_text()[-12000:]}"
                 )
         else:
             # Airflow 3's task SDK only calls on_kill on SIGTERM; its supervisor then escalates to SIGKILL
@@ -70,7 +73,7 @@ def test_sigterm_to_a_sync_task_applies_on_kill_action(action: str, tmp_path: Pa
     if action == "delete":
         assert f"Task killed: deleted TrainJob default/{job.name}: True" in text, text[-4000:]
         assert backend.list() == [] and job_dirs(home) == []
-        wait_for(lambda: not job_processes(home), 10, "no process of the job left")
+        wait_for(lambda: not job_processes(home), HANG, "no process of the job left")
         leftover = job_processes(home)
         assert leftover == [] and not [p for p in before if Path(f"/proc/{p}").exists()], leftover
     else:
@@ -81,7 +84,7 @@ def test_sigterm_to_a_sync_task_applies_on_kill_action(action: str, tmp_path: Pa
         alive = job_processes(home)
         assert alive, "the kept job's processes should still run"
         assert backend.cancel(job.ref) is True  # clean up, then prove nothing is left
-        wait_for(lambda: not job_processes(home), 10, "no process of the job left after cleanup")
+        wait_for(lambda: not job_processes(home), HANG, "no process of the job left after cleanup")
     _record(
         f"cancel_sync_{action}",
         {"rc": rc, "task_exit_s": round(task_exit_s, 1), "job_pids_before": len(before)},
@@ -95,11 +98,11 @@ def test_cli_cancel_deletes_trainjob_and_jobset_then_is_a_noop(testbed, k8s, kub
         lambda: k8s.custom.list_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets")[
             "items"
         ],
-        60,
+        HANG,
         "the Trainer to create the JobSet",
         interval=0.5,
     )
-    wait_for(lambda: kube_backend.get(ref).state.value == "Running", 60, "the job to run", interval=0.5)
+    wait_for(lambda: kube_backend.get(ref).state.value == "Running", HANG, "the job to run", interval=0.5)
     cmd = [
         str(Path(sys.executable).parent / "trainflow"),
         "--backend",
@@ -114,7 +117,7 @@ def test_cli_cancel_deletes_trainjob_and_jobset_then_is_a_noop(testbed, k8s, kub
         ref.name,
     ]
     t0 = time.monotonic()
-    first = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG)
     first_s = time.monotonic() - t0
     assert first.returncode == 0, first.stderr
     assert first.stdout.strip() == f"cancelled {ref.name}"
@@ -135,8 +138,8 @@ def test_cli_cancel_deletes_trainjob_and_jobset_then_is_a_noop(testbed, k8s, kub
         return len(seen) == 3
 
     # background deletion: the TrainJob at once, then the garbage collector takes the JobSet, Jobs and pods
-    wait_for(gone, 180, "TrainJob, JobSet and pods to be gone", interval=0.5)
-    second = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    wait_for(gone, HANG, "TrainJob, JobSet and pods to be gone", interval=0.5)
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG)
     assert second.returncode == 0, second.stderr
     assert second.stdout.strip() == f"{ref.name} was already gone"
     assert "Traceback" not in first.stderr + second.stderr

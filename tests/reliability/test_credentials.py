@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
 from trainflow.core import InvalidRequest
 from trainflow.core.local.engine import LocalBackend
 
@@ -129,7 +130,7 @@ def cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
         [str(EXE), "--backend", "local", "--home", str(home), *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG,
     )
 
 

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bounds import HANG
 from trainflow.airflow.operators import airflow_labels, idempotency_key
 from trainflow.core import InvalidRequest, build_trainjob, get_backend, local_catalog
 from trainflow.core.kube import calls
@@ -82,7 +83,7 @@ def test_shell_metacharacters_in_args_stay_literal(tmp_path: Path) -> None:
     ref = backend.submit(
         {"runtime": "jax-distributed", "name": "argv", "command": ["python3", "-c", code], "args": args}
     )
-    assert backend.wait(ref, timeout=120).succeeded
+    assert backend.wait(ref, timeout=HANG).succeeded
     assert not marker.exists()
     assert json.loads(out.read_text()) == args
     with pytest.raises(InvalidRequest) as info:

@@ -31,7 +31,7 @@ def backend(tmp_path: Path) -> LocalBackend:
 
 def finished(backend: LocalBackend, name: str) -> Path:
     ref = backend.submit({"name": name, "command": ["true"]})
-    backend.wait(ref, timeout=60)
+    backend.wait(ref, timeout=HANG)
     return backend.job_dir(ref)
 
 
@@ -66,7 +66,7 @@ def test_the_cli_reports_a_corrupt_job_clearly(backend: LocalBackend) -> None:
     bad = finished(backend, "bad")
     (bad / store.TRAINJOB_FILE).write_text("{")
     base = [str(EXE), "--backend", "local", "--home", str(backend.home), "--namespace", NS]
-    status = subprocess.run([*base, "status", "bad"], capture_output=True, text=True, timeout=60)
+    status = subprocess.run([*base, "status", "bad"], capture_output=True, text=True, timeout=HANG)
     assert status.returncode not in (0, 2) and "corrupt" in status.stderr, status.stderr
     assert "internal error" not in status.stderr and "Traceback" not in status.stderr
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bounds import HANG
 from trainflow.core import JobState, TrainJobFailed
 from trainflow.core.local.engine import LocalBackend
 
@@ -25,11 +26,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     assert os.geteuid() == 0, "mounting a tmpfs needs root (the CI machines run the suite as root)"
     mount = tmp_path / "disk"
     mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True, timeout=30)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True, timeout=HANG)
     try:
         yield mount
     finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False, timeout=30)
+        subprocess.run(["umount", "-l", str(mount)], check=False, timeout=HANG)
 
 
 def free_bytes(path: Path) -> int:
@@ -41,7 +42,7 @@ def test_a_full_disk_fails_the_job_naming_enospc_and_cancel_frees_it(small_disk:
     backend = LocalBackend(small_disk / "home", namespace=NS)
     ref = backend.submit({"name": "big", "command": WRITE_3MB})
     with pytest.raises(TrainJobFailed) as info:
-        backend.wait(ref, timeout=60)
+        backend.wait(ref, timeout=HANG)
     result = info.value.result
     assert result.reason == "DiskFull" and "ENOSPC" in (result.message or ""), (result.reason, result.message)
     assert backend.get(ref).state is JobState.FAILED  # status, list and wait still work on the full disk
@@ -59,7 +60,7 @@ def test_node_logs_have_a_configurable_cap_noted_in_the_log(
     monkeypatch.setenv("TRAINFLOW_LOCAL_LOG_MAX_BYTES", "100000")
     backend = LocalBackend(small_disk / "home", namespace=NS)
     ref = backend.submit({"name": "capped", "command": WRITE_3MB})
-    assert backend.wait(ref, timeout=60).state is JobState.COMPLETE
+    assert backend.wait(ref, timeout=HANG).state is JobState.COMPLETE
     log = backend.job_dir(ref) / "logs" / "node-0.log"
     text = log.read_text()
     assert 100000 <= log.stat().st_size < 100200

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from bounds import HANG
 from trainflow.core import JobState
 from trainflow.core.local import store
 from trainflow.core.local.engine import LocalBackend
 
 NS = "orphans"
+HOLD = str(int(2 * HANG))  # how long a test job's processes run: longer than any wait of the test
 
 
 @pytest.fixture
@@ -27,7 +29,7 @@ def backend(tmp_path: Path) -> LocalBackend:
     return LocalBackend(tmp_path / "home", namespace=NS)
 
 
-def wait_file(path: Path, timeout: float = 30) -> str:
+def wait_file(path: Path, timeout: float = HANG) -> str:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if path.exists() and (text := path.read_text()).strip():
@@ -48,7 +50,7 @@ def seconds_until_gone(pids: list[int], timeout: float) -> float:
 
 
 def test_ranks_stop_within_5s_of_a_supervisor_sigkill_with_nobody_reading(backend: LocalBackend) -> None:
-    ref = backend.submit({"name": "killed", "command": ["sleep", "60"], "num_nodes": 2})
+    ref = backend.submit({"name": "killed", "command": ["sleep", HOLD], "num_nodes": 2})
     job = backend.job_dir(ref)
     nodes = json.loads(wait_file(job / store.NODES_FILE))
     pids = [n["pid"] for n in nodes]
@@ -62,16 +64,17 @@ def test_ranks_stop_within_5s_of_a_supervisor_sigkill_with_nobody_reading(backen
 
 
 # Each rank is a tree: a child in its group, and a child in a new session with an empty environment (no job
-# marker) that ignores SIGTERM (once it says so); it writes the three pids, then waits.
+# marker) that ignores SIGTERM (once it says so); it writes the three pids, then waits (HOLD seconds: longer
+# than the test's wait for the other rank's tree).
 TREE = (
     "import os, subprocess, sys, time; "
-    "a = subprocess.Popen(['/bin/sleep', '60']); "
+    f"a = subprocess.Popen(['/bin/sleep', '{HOLD}']); "
     "b = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
-    "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)'], env={}, "
-    "start_new_session=True, stdout=subprocess.PIPE); b.stdout.readline(); "
+    f"signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep({HOLD})'], "
+    "env={}, start_new_session=True, stdout=subprocess.PIPE); b.stdout.readline(); "
     "out = os.path.join(sys.argv[1], str(os.getpid())); "
     "open(out + '.tmp', 'w').write(f'{os.getpid()} {a.pid} {b.pid}'); os.rename(out + '.tmp', out + '.pids'); "
-    "time.sleep(60)"
+    f"time.sleep({HOLD})"
 )
 LIFELINE_BOUND_SECONDS = 5.0  # docs/reliability.md, issue 33: SIGTERM at once, SIGKILL 1 s later, with margin
 
@@ -85,7 +88,7 @@ def test_ranks_stop_within_the_bound_of_a_sigkill_of_supervisor_and_guard_togeth
     out.mkdir()
     ref = backend.submit({"name": "group", "command": ["python3", "-c", TREE, str(out)], "num_nodes": 2})
     job = backend.job_dir(ref)
-    end = time.monotonic() + 60
+    end = time.monotonic() + HANG
     while len(trees := list(out.glob("*.pids"))) < 2:
         assert time.monotonic() < end, "the ranks never started their trees"
         time.sleep(0.02)
@@ -112,7 +115,7 @@ def test_a_killed_wrapper_fails_its_node_and_its_rank_tree_stops(
     out.mkdir()
     ref = backend.submit({"name": "wrapper", "command": ["python3", "-c", TREE, str(out)]})
     job = backend.job_dir(ref)
-    end = time.monotonic() + 60
+    end = time.monotonic() + HANG
     while not (trees := list(out.glob("*.pids"))):
         assert time.monotonic() < end, "the rank never started its tree"
         time.sleep(0.02)
@@ -121,7 +124,7 @@ def test_a_killed_wrapper_fails_its_node_and_its_rank_tree_stops(
     assert wrapper not in pids and all(store.pid_alive(p) for p in pids)
     os.kill(wrapper, signal.SIGKILL)
     took = seconds_until_gone(pids, LIFELINE_BOUND_SECONDS)
-    result = backend.wait(ref, timeout=60, raise_on_failure=False)
+    result = backend.wait(ref, timeout=HANG, raise_on_failure=False)
     assert result.state is JobState.FAILED and result.reason == "NodeFailed", result
     assert "SIGKILL" in (result.message or ""), result
     print(f"the rank tree stopped {took:.2f} s after its wrapper's SIGKILL")
@@ -140,7 +143,7 @@ ESCAPE = (
 def test_an_escaped_grandchild_is_stopped_on_completion(backend: LocalBackend, tmp_path: Path) -> None:
     pidfile = tmp_path / "grandchild.pid"
     ref = backend.submit({"name": "done", "command": ["python3", "-c", ESCAPE, str(pidfile), "0"]})
-    result = backend.wait(ref, timeout=60)
+    result = backend.wait(ref, timeout=HANG)
     assert result.state is JobState.COMPLETE
     grandchild = int(wait_file(pidfile))
     assert not store.pid_alive(grandchild), "the grandchild outlived the completed job"

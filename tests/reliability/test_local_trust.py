@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
 from trainflow.core.errors import PermissionDenied
 from trainflow.core.local.engine import LocalBackend
 
@@ -61,7 +62,7 @@ def plant(backend: LocalBackend, marker: Path, planted: Path, *, as_uid: int | N
     plan["argv"] = ["touch", str(planted)]
     script = 'mkdir -p "$1/logs" && printf %s "$2" > "$1/trainjob.json" && printf %s "$3" > "$1/plan.json"'
     args = ["sh", "-c", script, "sh", str(root), json.dumps(manifest), json.dumps(plan)]
-    subprocess.run(args, check=True, user=as_uid, cwd="/", timeout=30)
+    subprocess.run(args, check=True, user=as_uid, cwd="/", timeout=HANG)
     return root
 
 
@@ -121,7 +122,7 @@ def test_directories_are_private_whatever_the_umask(tmp_path: Path, umask_000: N
     home = tmp_path / "shared-tmp" / "tfhome"
     backend = LocalBackend(home, namespace=NS)
     ref = backend.submit({"command": ["true"]})
-    backend.wait(ref, timeout=60)
+    backend.wait(ref, timeout=HANG)
     for path in (home, home / "jobs", home / "jobs" / NS, backend.job_dir(ref)):
         assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
     backend.cancel(ref)
@@ -130,7 +131,7 @@ def test_directories_are_private_whatever_the_umask(tmp_path: Path, umask_000: N
 
 def test_a_home_another_user_made_in_a_shared_tmp_is_refused(shared_tmp: Path) -> None:
     home = shared_tmp / "tfhome"
-    subprocess.run(["mkdir", "-m", "777", str(home)], check=True, user=OTHER_UID, timeout=30)
+    subprocess.run(["mkdir", "-m", "777", str(home)], check=True, user=OTHER_UID, timeout=HANG)
     with pytest.raises(PermissionDenied) as info:
         LocalBackend(home, namespace=NS).submit({"command": ["true"]})
     assert str(home) in str(info.value) and f"uid {OTHER_UID}" in str(info.value)

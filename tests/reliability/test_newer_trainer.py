@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from trainflow_e2e_fixtures import wait_until
 
+from bounds import HANG
 from trainflow.core import InvalidRequest, TrainJobRequest, build_trainjob, local_catalog
 from trainflow.core.kube.backend import KubernetesBackend
 from trainflow.core.runtimes import find_runtime
@@ -67,7 +68,7 @@ def crd_with_field(testbed: Any, crd: str, path: tuple[str, ...], name: str) -> 
         )
         return established and name in str(now["spec"]["versions"][0]["schema"])
 
-    wait_until(served, 120, f"the changed {crd} to be established")
+    wait_until(served, HANG, f"the changed {crd} to be established")
     try:
         yield
     finally:

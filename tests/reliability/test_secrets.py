@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
 from conftest import IMAGE, held_request
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -63,7 +64,7 @@ def cli(testbed: Any, ns: str, *args: str, stdin: str | None = None) -> subproce
         capture_output=True,
         text=True,
         input=stdin,
-        timeout=180,
+        timeout=HANG,
         env={**testbed.env, "TRAINFLOW_DEBUG": ""},
     )
 
@@ -126,7 +127,7 @@ def test_canary_secret_appears_nowhere(
     # the initializers wait for a PVC the testbed cannot provision: read it, do not wait for it
     seen.append(json.dumps(kube_backend.get(ref).to_dict()))
     cli_ref = f"{namespace}/{name}"
-    result = kube_backend.wait(cli_ref, timeout=120)
+    result = kube_backend.wait(cli_ref, timeout=HANG)
     seen.append(json.dumps(result.to_dict()))  # what the Airflow operator pushes to XCom
     seen += [json.dumps(r.to_dict()) for r in kube_backend.list()]
     seen += list(kube_backend.logs(cli_ref))

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from bounds import HANG
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[3]
@@ -92,6 +94,6 @@ def _socket_answers(testbed: Any, socket: str) -> bool:
     r = subprocess.run(
         [str(Path(testbed.state["node_bin"]) / "ctr"), "--address", socket, "version"],
         capture_output=True,
-        timeout=30,
+        timeout=HANG,
     )
     return r.returncode == 0
