@@ -8,9 +8,12 @@ with the try and the TrainJob, and a trigger of the same try and job starts from
 
 When the position is saved: whenever it moved, at most every ``SAVE_SECONDS`` per trigger and
 ``SAVES_PER_SECOND`` per triggerer (a triggerer with many streaming tasks saves each less often), and once more
-when the trigger is cancelled (a triggerer stopped with SIGTERM, as rollouts do). So after a graceful stop each
-line is in the task log once; after a SIGKILL no line is lost, and the lines copied after the last save (at
-most that interval) are copied again. The XCom is the store because it is the one a trigger may write on
+when the trigger is cancelled (a triggerer stopped with SIGTERM, as rollouts do). A periodic save records where
+the logs were one save earlier, never where they are: a line handed to the task log reaches its file through
+the triggerer's log channel, the position through another (on 3.x the supervisor reads both sockets), so a
+position saved at once could name lines a SIGKILL then kept from the file (on real pods two lines were lost so).
+So after a graceful stop each line is in the task log once; after a SIGKILL no line is lost, and the lines
+copied since the save before the last (at most two intervals) are copied again. The XCom is the store because it is the one a trigger may write on
 every line (2.11 to 3.3); Airflow 3.3's task state store is not offered to triggers.
 """
 
@@ -72,9 +75,8 @@ class LogPosition:
         self.saved = steps if isinstance(steps, dict) else None
         return dict(steps) if isinstance(steps, dict) else {}
 
-    async def save(self, sink: LogSink) -> None:
-        """Save where the sink's logs got to, if it moved since the last save."""
-        steps = sink.position()
+    async def save(self, steps: dict[str, Any]) -> None:
+        """Save ``steps`` (a sink's position), if it moved since the last save."""
         if not steps or steps == self.saved:
             return
         await _write(self.ti, {**self.tag, "steps": steps})
@@ -99,18 +101,23 @@ class LogPosition:
         every task of its loop at once when it stops, and a cancel during the last save would lose it."""
         global _active
         _active += 1
+        settled: dict[str, Any] = {}  # where the logs were one interval ago: in the task log's file by now
         try:
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), max(SAVE_SECONDS, _active / SAVES_PER_SECOND))
+                if stop.is_set():
+                    break
                 try:
-                    await self.save(sink)
+                    await self.save(settled)
                 except Exception as exc:  # a position not saved costs repeated lines after a restart, no more
                     log.warning("Could not save the log position: %s", exc)
+                settled = sink.position()
         finally:
             _active -= 1
+            # a stopped trigger's lines are written out by the triggerer as it stops: the position as it is
             with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(self.save(sink), FINAL_SAVE_SECONDS)
+                await asyncio.wait_for(self.save(sink.position()), FINAL_SAVE_SECONDS)
 
 
 def _where(ti: Any) -> dict[str, Any]:
