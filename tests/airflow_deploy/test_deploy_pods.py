@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 from airflow_deployment import Deployment, Testbed
-from airflow_rest import Airflow, wait_for
+from airflow_rest import Airflow
 from triggerer_restart import restart_while_streaming
 
-from bounds import HANG
+from shared_volumes import delete_pv, shared_claim
 
 pytestmark = pytest.mark.e2e
 
@@ -25,50 +25,15 @@ LOGS_PODS = "tf_deploy_logs_pods"
 def shared(testbed: Testbed, namespace: str) -> Iterator[Path]:
     """A hostPath PersistentVolume bound to the claim ``shared`` of ``namespace``: the directory returned here
     is ``/shared`` in the pods."""
-    from kubernetes import client
-
     if testbed.state.get("mode") != "pods":
         pytest.fail("run.sh --suite pods needs the pods testbed (testbed/up.sh --pods)", pytrace=False)
-    path = Path(testbed.state["dir"]) / "shared" / namespace
-    path.mkdir(parents=True)
-    pv = f"shared-{namespace}"
-    testbed.core.create_persistent_volume(
-        client.V1PersistentVolume(
-            metadata=client.V1ObjectMeta(name=pv),
-            spec=client.V1PersistentVolumeSpec(
-                capacity={"storage": "1Gi"},
-                access_modes=["ReadWriteMany"],
-                persistent_volume_reclaim_policy="Retain",
-                storage_class_name="",
-                host_path=client.V1HostPathVolumeSource(path=str(path), type="Directory"),
-                claim_ref=client.V1ObjectReference(namespace=namespace, name="shared"),
-            ),
-        )
-    )
-    testbed.core.create_namespaced_persistent_volume_claim(
-        namespace,
-        client.V1PersistentVolumeClaim(
-            metadata=client.V1ObjectMeta(name="shared"),
-            spec=client.V1PersistentVolumeClaimSpec(
-                access_modes=["ReadWriteMany"],
-                storage_class_name="",
-                volume_name=pv,
-                resources=client.V1VolumeResourceRequirements(requests={"storage": "1Gi"}),
-            ),
-        ),
-    )
-    wait_for(
-        lambda: (
-            testbed.core.read_namespaced_persistent_volume_claim("shared", namespace).status.phase == "Bound"
-        ),
-        HANG,
-        "the claim shared to be Bound",
-    )
+    path, pv = Path(testbed.state["dir"]) / "shared" / namespace, f"shared-{namespace}"
+    shared_claim(testbed.core, namespace, path, pv)
     try:
         yield path
     finally:
         (path / "release").touch()  # whatever happened, no pod of the test keeps running
-        testbed.core.delete_persistent_volume(pv)
+        delete_pv(testbed.core, pv)
 
 
 def test_a_restarted_triggerer_continues_each_pod_log_where_it_stopped(

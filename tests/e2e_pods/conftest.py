@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from bounds import HANG
+from shared_volumes import delete_pv, shared_claim
 
 _spec = importlib.util.spec_from_file_location(
     "trainflow_e2e_conftest", Path(__file__).resolve().parents[1] / "e2e" / "conftest.py"
@@ -170,63 +171,13 @@ class SharedVolume:
         return {"claim_name": self.claim, "mount_path": str(self.path)}
 
 
-def hostpath_pv(k8s: Any, name: str, path: Path, size: str, mode: str, namespace: str, claim: str) -> None:
-    """A hostPath PersistentVolume (``path``, created here) pre-bound to the claim ``namespace/claim``."""
-    from kubernetes import client
-
-    path.mkdir(parents=True, exist_ok=True)
-    k8s.core.create_persistent_volume(
-        client.V1PersistentVolume(
-            metadata=client.V1ObjectMeta(name=name),
-            spec=client.V1PersistentVolumeSpec(
-                capacity={"storage": size},
-                access_modes=[mode],
-                persistent_volume_reclaim_policy="Retain",
-                storage_class_name="",
-                host_path=client.V1HostPathVolumeSource(path=str(path), type="Directory"),
-                claim_ref=client.V1ObjectReference(namespace=namespace, name=claim),
-            ),
-        )
-    )
-
-
-def delete_pv(k8s: Any, name: str) -> None:
-    from kubernetes import client
-
-    try:
-        k8s.core.delete_persistent_volume(name)
-    except client.ApiException as exc:
-        if exc.status != 404:
-            raise
-
-
 @pytest.fixture
 def shared_volume(testbed: Any, k8s: Any, namespace: str) -> Iterator[SharedVolume]:
     """PV (hostPath under the testbed dir, RWX) bound to PVC ``shared`` in the test namespace."""
-    from kubernetes import client
-
-    path = testbed.dir / "shared" / namespace
-    pv_name = f"shared-{namespace}"
-    hostpath_pv(k8s, pv_name, path, "1Gi", "ReadWriteMany", namespace, "shared")
-    k8s.core.create_namespaced_persistent_volume_claim(
-        namespace,
-        client.V1PersistentVolumeClaim(
-            metadata=client.V1ObjectMeta(name="shared"),
-            spec=client.V1PersistentVolumeClaimSpec(
-                access_modes=["ReadWriteMany"],
-                storage_class_name="",
-                volume_name=pv_name,
-                resources=client.V1VolumeResourceRequirements(requests={"storage": "1Gi"}),
-            ),
-        ),
-    )
-    wait_until(
-        lambda: k8s.core.read_namespaced_persistent_volume_claim("shared", namespace).status.phase == "Bound",
-        HANG,
-        "PVC shared Bound",
-    )
+    path, pv = testbed.dir / "shared" / namespace, f"shared-{namespace}"
+    shared_claim(k8s.core, namespace, path, pv)
     yield SharedVolume("shared", path)
-    delete_pv(k8s, pv_name)
+    delete_pv(k8s.core, pv)
 
 
 def cli(testbed: Any, ns: str, *args: str) -> list[str]:

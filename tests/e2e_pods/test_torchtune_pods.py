@@ -24,7 +24,8 @@ import pytest
 import tiny_llama
 from s3store import Store, everything, initializer_fields, trainer_store_fields
 
-from conftest import TRAINER_GROUP, TRAINER_VERSION, delete_pv, hostpath_pv, record
+from conftest import TRAINER_GROUP, TRAINER_VERSION, record
+from shared_volumes import delete_pv, hostpath_pv
 from trainflow.core import TrainJobRequest, storage
 
 pytestmark = pytest.mark.e2e
@@ -42,9 +43,9 @@ BOUND_S = 600
 def runtime_volume(testbed: Any, k8s: Any, namespace: str) -> Iterator[Path]:
     """A hostPath PV pre-bound to the claim the runtime's template makes for this test's TrainJob (20Gi RWO)."""
     path, name = testbed.dir / "tune" / namespace, f"tune-{namespace}"
-    hostpath_pv(k8s, name, path, "20Gi", "ReadWriteOnce", namespace, CLAIM)
+    hostpath_pv(k8s.core, name, path, "20Gi", "ReadWriteOnce", namespace, CLAIM)
     yield path
-    delete_pv(k8s, name)
+    delete_pv(k8s.core, name)
 
 
 def test_torchtune_lora_fine_tune_reports_loss_and_publishes_its_adapter(
