@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bounds import HANG
+
 STEPS, LOGGING_STEPS = 40, 4
 
 
@@ -27,29 +29,28 @@ def train_tiny(steps: int, logging_steps: int, step_seconds: float = 0.0) -> Non
     config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
     tokens = torch.randint(0, 64, (64, 16))
     data = [{"input_ids": t, "labels": t} for t in tokens]
-    args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="hf-"),
-        max_steps=steps,
-        logging_steps=logging_steps,
-        per_device_train_batch_size=4,
-        learning_rate=5e-3,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-    )
-    trainer = Trainer(
-        model=GPT2LMHeadModel(config),
-        args=args,
-        train_dataset=data,
-        callbacks=[TrainflowCallback(), Paced()],
-    )
-    trainer.train()
+    with tempfile.TemporaryDirectory(prefix="hf-") as scratch:  # nothing left in /tmp after the job
+        args = TrainingArguments(
+            output_dir=scratch,
+            max_steps=steps,
+            logging_steps=logging_steps,
+            per_device_train_batch_size=4,
+            learning_rate=5e-3,
+            use_cpu=True,
+            report_to=[],
+            save_strategy="no",
+            disable_tqdm=True,
+        )
+        trainer = Trainer(
+            model=GPT2LMHeadModel(config),
+            args=args,
+            train_dataset=data,
+            callbacks=[TrainflowCallback(), Paced()],
+        )
+        trainer.train()
 
 
-def run_tiny(
-    backend: Any, step_seconds: float = 0.0, timeout: float = 540
-) -> tuple[Any, Any, list[float | None]]:
+def run_tiny(backend: Any, step_seconds: float = 0.0) -> tuple[Any, Any, list[float | None]]:
     """``train_tiny`` on torch-distributed, 2 nodes, waited for: its ref, its result and each ETA seen while
     it was Running."""
     from trainflow.core import JobState
@@ -66,7 +67,7 @@ def run_tiny(
     running: list[float | None] = []
     result = backend.wait(
         ref,
-        timeout=timeout,
+        timeout=HANG,
         on_update=lambda r: running.append(r.eta_seconds) if r.state is JobState.RUNNING else None,
     )
     return ref, result, running
