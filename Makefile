@@ -118,8 +118,6 @@ e2e: setup
 	  $(RUN) pytest -m e2e tests/e2e $(foreach t,$(E2E_HALF),--ignore=$(t)) $(PYTEST_FLAGS) >$$out/half-2.log 2>&1 & \
 	  two=$$!; wait $$one || rc=1; wait $$two || rc=1; \
 	  for f in $$out/half-1.log $$out/half-2.log; do echo "=== $$f"; cat $$f; done; rm -rf $$out; \
-	  TRAINFLOW_AIRFLOW_DIR=/tmp/trainflow-airflow-pods TRAINFLOW_AIRFLOW_PORT_BASE=29670 \
-	    bash tests/airflow_deploy/run.sh --airflow $(AIRFLOW_NEWEST) --suite pods || rc=1; \
 	  exit $$rc
 
 RELIABILITY_TESTBED := TRAINFLOW_TESTBED_DIR=$${TRAINFLOW_RELIABILITY_TESTBED_DIR:-/tmp/trainflow-reliability-run} \
