@@ -55,13 +55,17 @@ stack_env=(
 if [ "$SUITE" != floor ]; then
   if [ -f "$TRAINFLOW_TESTBED_DIR/state.json" ] && "$PY" "$REPO/testbed/testbed.py" status --dir "$TRAINFLOW_TESTBED_DIR" >/dev/null 2>&1; then
     say "using the running testbed at $TRAINFLOW_TESTBED_DIR"
-  elif [ "$SUITE" = pods ]; then
+  elif [ "$SUITE" = pods ]; then  # (a running kwok testbed is refused below)
     echo "run.sh --suite pods: no pods testbed at $TRAINFLOW_TESTBED_DIR; start one with testbed/up.sh --pods (make e2e-pods does)" >&2
     exit 2
   else
     started_testbed=1
     bash "$REPO/testbed/up.sh" --kueue  # test_deploy_kueue.py: deferred tasks through the real Kueue
     say "testbed up"
+  fi
+  if [ "$SUITE" = pods ] && [ "$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("mode"))' "$TRAINFLOW_TESTBED_DIR/state.json")" != pods ]; then
+    echo "run.sh --suite pods: the testbed at $TRAINFLOW_TESTBED_DIR runs no pods (kwok); start one with testbed/up.sh --pods" >&2
+    exit 2
   fi
   kubeconfig="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["kubeconfig"])' "$TRAINFLOW_TESTBED_DIR/state.json")"
   stack_env+=(--env "AIRFLOW_CONN_TF_TESTBED=$(conn "{\"backend\": \"kubernetes\", \"kubeconfig_path\": \"$kubeconfig\"}")")
