@@ -186,6 +186,9 @@ tree() { local c; for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do echo "$c"; 
 stop_lanes() { # every process under the lanes at once: make's recipes run their own cleanup (testbed down) on TERM
   local p all=()
   for p in "${pids[@]}"; do all+=("$p" $(tree "$p")); done
+  # and every process of every step's cgroup: a lane signalled before this shell (a kill of the whole process
+  # group) is gone, and its steps' processes with the daemons they started are no longer below it
+  if [ -n "$CPU_CGROUPS" ]; then all+=($(cat "$CPU_CGROUPS"/*/cgroup.procs 2>/dev/null)); fi
   kill -TERM "${all[@]}" 2>/dev/null; wait
 }
 trap 'say "interrupted: stopping the lanes"; kill "$disk_watcher" 2>/dev/null; stop_lanes; exit 130' INT TERM
