@@ -41,11 +41,11 @@ def restart_while_streaming(
     release: Callable[[], None],
     *,
     graceful: bool,
-) -> dict[str, int]:
+) -> None:
     """Run the scenario on ``runs`` of ``dag_id`` (triggered with ``conf``; ``release()`` lets the trainers end)
     and check each task log. ``graceful``: the stopped triggerer's triggers save their position on the way out
-    (2.11, 3.3; 3.0.6's trigger runner exits at once on the SIGTERM sent to its process group). Returns the
-    lines each task log repeats (copied after the last save before the kill)."""
+    (2.11, 3.3; 3.0.6's trigger runner exits at once on the SIGTERM sent to its process group). Prints the
+    lines each task log repeats (copied after the last save before the kill) and the triggerer's RSS."""
     for rid in runs:
         api.trigger(dag_id, rid, conf)
     for rid in runs:
@@ -96,4 +96,3 @@ def restart_while_streaming(
         repeated[rid] = len(lines) - total
     print(f"triggerer RSS {rss_first} KiB, after a restart {rss_second} KiB; lines repeated: {repeated}")
     assert rss_second <= 1.1 * rss_first, (rss_first, rss_second)
-    return repeated

@@ -13,8 +13,9 @@ the logs were one save earlier, never where they are: a line handed to the task 
 the triggerer's log channel, the position through another (on 3.x the supervisor reads both sockets), so a
 position saved at once could name lines a SIGKILL then kept from the file (on real pods two lines were lost so).
 So after a graceful stop each line is in the task log once; after a SIGKILL no line is lost, and the lines
-copied since the save before the last (at most two intervals) are copied again. The XCom is the store because it is the one a trigger may write on
-every line (2.11 to 3.3); Airflow 3.3's task state store is not offered to triggers.
+copied since the save before the last (at most two intervals) are copied again. The XCom is the store because
+it is the one a trigger may write on every line (2.11 to 3.3); Airflow 3.3's task state store is not offered to
+triggers.
 """
 
 from __future__ import annotations
